@@ -365,12 +365,14 @@ impl Bucket {
 ///
 /// let limits = Limits::parse("2/s", "100/s")?;
 /// let mut buckets = Buckets::new(&limits, Nanos(0));
+/// assert_eq!(buckets.try_take(Nanos(0), Cost::call(80))?, Decision::Admitted);
 /// // The request bucket could pay, the token bucket can't: neither is charged.
 /// assert_eq!(
-///     buckets.try_take(Nanos(0), Cost::call(150))?,
-///     Decision::NotYet(Duration::from_millis(500))
+///     buckets.try_take(Nanos(0), Cost::call(50))?,
+///     Decision::NotYet(Duration::from_millis(300))
 /// );
-/// assert!(buckets.is_full(Nanos(0)));
+/// let now = buckets.snapshot(Nanos(0))?;
+/// assert_eq!((now[0].tokens.whole(), now[1].tokens.whole()), (1, 20));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone)]

@@ -118,7 +118,6 @@ impl<S: Store> Attempt<S> {
 
 /// Proof that a call paid its toll.
 #[derive(Debug)]
-#[must_use = "a permit is proof of admission; settle it or drop it once the call is made"]
 pub struct Permit<S: Store = AnyStore> {
     limiter: Limiter<S>,
     cost: Cost,

@@ -70,7 +70,7 @@ impl Rate {
             .ok()
             .filter(|n| *n <= MAX_PERIOD_NS)
             .ok_or_else(|| RateError::new(input(), RateErrorKind::PeriodTooLong))?;
-        if nanos % NANOS_PER_MS != 0 {
+        if !nanos.is_multiple_of(NANOS_PER_MS) {
             return Err(RateError::new(input(), RateErrorKind::SubMillisecondPeriod));
         }
         let period_ns = NonZeroU64::new(nanos)
@@ -125,7 +125,7 @@ impl fmt::Display for Rate {
         let (unit, size) = UNITS
             .iter()
             .copied()
-            .find(|(_, size)| period % size == 0)
+            .find(|(_, size)| period.is_multiple_of(*size))
             .unwrap_or(("ms", NANOS_PER_MS));
         let count = period / size;
         write!(f, "{}/", self.amount)?;
