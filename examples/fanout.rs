@@ -9,7 +9,6 @@
 //! ```
 
 use std::fmt::Write as _;
-use std::time::Duration;
 
 use tokio::time::Instant;
 use tollgate::{Cost, Limits, Registry};

@@ -1,1 +1,279 @@
+//! Token-count estimators: the number of tokens a provider will bill for a call's arguments.
+//!
+//! This crate knows nothing of buckets; tollgate asks it for the token cost of a call.
+//!
+//! | name | vocabulary | cargo feature |
+//! |---|---|---|
+//! | `openai`, `tiktoken` | `o200k_base` (today's OpenAI models) | `tiktoken` (default) |
+//! | `openai:<model>` | the model's encoding, as tiktoken-rs maps it (`openai:gpt-4` → `cl100k_base`) | `tiktoken` |
+//! | `tiktoken:<encoding>` | `o200k_base`, `cl100k_base`, `p50k_base`, `p50k_edit`, `r50k_base`, `o200k_harmony` | `tiktoken` |
+//! | `voyageai`, `voyage` | Voyage AI's voyage-3, offline | `voyage` (default) |
+//! | `hf:<path to tokenizer.json>` | any Hugging Face tokenizer | `huggingface` |
+//! | `words` | none: a rule on characters (see [`Words`]) | always |
+//!
+//! ```
+//! use tollgate_estimators::{estimate, estimator};
+//!
+//! let openai = estimator("openai")?;
+//! assert_eq!(openai.count("Hello, world!"), 4);
+//! let body = serde_json::json!({
+//!     "model": "gpt-4o",
+//!     "messages": [{"role": "user", "content": "Hello, world!"}],
+//! });
+//! // 3 per message + "user" (1) + the content (4) + 3 for the reply's priming.
+//! assert_eq!(estimate(&*openai, &body)?.input_tokens, 11);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Loading and falling back
+//!
+//! Each vocabulary is loaded once per process and shared: [`estimator`] returns the same
+//! `Arc` for the same name every time, and a Hugging Face file is read once per path. When a
+//! vocabulary can't be loaded (a missing or corrupt `tokenizer.json`), [`estimator`] falls back
+//! along Hugging Face → tiktoken → words, with one `tracing` warning the first time;
+//! [`estimator_strict`] returns the error instead. An unknown name is an error either way.
 
+#![warn(missing_docs)]
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+
+pub mod extract;
+#[cfg(feature = "huggingface")]
+mod huggingface;
+#[cfg(feature = "tiktoken")]
+mod tiktoken;
+#[cfg(feature = "voyage")]
+mod voyage;
+mod words;
+
+pub use extract::{Estimate, ExtractError, estimate};
+#[cfg(feature = "huggingface")]
+pub use huggingface::HuggingFace;
+#[cfg(feature = "tiktoken")]
+pub use tiktoken::Tiktoken;
+#[cfg(feature = "voyage")]
+pub use voyage::Voyage;
+pub use words::Words;
+
+/// Turns text into the number of tokens a provider would bill for it.
+///
+/// Implementations count *ordinary* text: a string that looks like a special token
+/// (`<|endoftext|>`) is counted as the text it is, never an error or a panic.
+pub trait Estimator: Send + Sync + fmt::Debug {
+    /// The name this estimator is looked up by (`openai`, `hf:/path/tokenizer.json`, `words`).
+    fn name(&self) -> &str;
+
+    /// The number of tokens of `text`.
+    fn count(&self, text: &str) -> usize;
+}
+
+impl<E: Estimator + ?Sized> Estimator for Arc<E> {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+    fn count(&self, text: &str) -> usize {
+        (**self).count(text)
+    }
+}
+
+impl<E: Estimator + ?Sized> Estimator for &E {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+    fn count(&self, text: &str) -> usize {
+        (**self).count(text)
+    }
+}
+
+/// Why an estimator could not be had.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EstimatorError {
+    /// The name is none of those in the table in the crate docs.
+    #[error(
+        "unknown estimator `{0}`; expected openai, openai:<model>, tiktoken:<encoding>, voyageai, hf:<path to tokenizer.json> or words"
+    )]
+    UnknownName(String),
+    /// `openai:<model>` with a model tiktoken-rs does not know.
+    #[error(
+        "estimator `{name}`: tiktoken-rs knows no encoding for model `{model}`; name the encoding instead, like tiktoken:o200k_base"
+    )]
+    UnknownModel {
+        /// The estimator name.
+        name: String,
+        /// The model.
+        model: String,
+    },
+    /// `tiktoken:<encoding>` with an encoding that does not exist.
+    #[error(
+        "estimator `{name}`: unknown encoding `{encoding}`; expected o200k_base, cl100k_base, p50k_base, p50k_edit, r50k_base or o200k_harmony"
+    )]
+    UnknownEncoding {
+        /// The estimator name.
+        name: String,
+        /// The encoding.
+        encoding: String,
+    },
+    /// The estimator needs a cargo feature this build lacks.
+    #[error(
+        "estimator `{name}` needs the cargo feature `{feature}` of tollgate-estimators (or tollgate)"
+    )]
+    FeatureDisabled {
+        /// The estimator name.
+        name: String,
+        /// The feature to turn on.
+        feature: &'static str,
+    },
+    /// A vocabulary file could not be read or parsed.
+    #[error("estimator `{name}`: could not load `{path}`: {reason}")]
+    Load {
+        /// The estimator name.
+        name: String,
+        /// The file.
+        path: String,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+/// Name → estimator, once per process (keyed by name and by whether fallback is allowed).
+static LOADED: LazyLock<Mutex<HashMap<(String, bool), Arc<dyn Estimator>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// The estimator called `name`, loaded once per process and shared; falls back along Hugging
+/// Face → tiktoken → words when a vocabulary can't be loaded, with one warning.
+///
+/// Fails for an unknown name, and for a name whose cargo feature is off.
+pub fn estimator(name: &str) -> Result<Arc<dyn Estimator>, EstimatorError> {
+    cached(name, true)
+}
+
+/// Like [`estimator`], but a vocabulary that can't be loaded is an error, not a fallback.
+pub fn estimator_strict(name: &str) -> Result<Arc<dyn Estimator>, EstimatorError> {
+    cached(name, false)
+}
+
+fn cached(name: &str, fallback: bool) -> Result<Arc<dyn Estimator>, EstimatorError> {
+    let key = (name.to_owned(), fallback);
+    if let Some(found) = LOADED
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&key)
+    {
+        return Ok(Arc::clone(found));
+    }
+    // Load outside the lock: a tokenizer file can take a while, and other names shouldn't wait.
+    let made = build(name, fallback)?;
+    let mut loaded = LOADED.lock().unwrap_or_else(PoisonError::into_inner);
+    Ok(Arc::clone(loaded.entry(key).or_insert(made)))
+}
+
+fn build(name: &str, fallback: bool) -> Result<Arc<dyn Estimator>, EstimatorError> {
+    let trimmed = name.trim();
+    let (family, arg) = match trimmed.split_once(':') {
+        Some((family, arg)) => (family.trim().to_ascii_lowercase(), Some(arg.trim())),
+        None => (trimmed.to_ascii_lowercase(), None),
+    };
+    match (family.as_str(), arg) {
+        ("words", None) => Ok(Arc::new(Words)),
+        ("openai" | "tiktoken", None) => tiktoken_named(name, "o200k_base", false),
+        ("openai", Some(model)) => tiktoken_named(name, model, true),
+        ("tiktoken", Some(encoding)) => tiktoken_named(name, encoding, false),
+        ("voyageai" | "voyage", None) => voyage_named(name),
+        ("hf" | "huggingface", Some(path)) => hf_named(name, path, fallback),
+        _ => Err(EstimatorError::UnknownName(name.to_owned())),
+    }
+}
+
+#[cfg(feature = "tiktoken")]
+fn tiktoken_named(
+    name: &str,
+    what: &str,
+    model: bool,
+) -> Result<Arc<dyn Estimator>, EstimatorError> {
+    let made = if model {
+        Tiktoken::for_model(what)
+    } else {
+        Tiktoken::for_encoding(what)
+    };
+    made.map(|t| Arc::new(t.named(name)) as Arc<dyn Estimator>)
+        .map_err(|e| e.renamed(name))
+}
+
+#[cfg(not(feature = "tiktoken"))]
+fn tiktoken_named(name: &str, _: &str, _: bool) -> Result<Arc<dyn Estimator>, EstimatorError> {
+    Err(EstimatorError::FeatureDisabled {
+        name: name.to_owned(),
+        feature: "tiktoken",
+    })
+}
+
+#[cfg(feature = "voyage")]
+fn voyage_named(_: &str) -> Result<Arc<dyn Estimator>, EstimatorError> {
+    Ok(Arc::new(Voyage::new()))
+}
+
+#[cfg(not(feature = "voyage"))]
+fn voyage_named(name: &str) -> Result<Arc<dyn Estimator>, EstimatorError> {
+    Err(EstimatorError::FeatureDisabled {
+        name: name.to_owned(),
+        feature: "voyage",
+    })
+}
+
+#[cfg(feature = "huggingface")]
+fn hf_named(name: &str, path: &str, fallback: bool) -> Result<Arc<dyn Estimator>, EstimatorError> {
+    match HuggingFace::from_file(path) {
+        Ok(hf) => Ok(Arc::new(hf)),
+        Err(err) if fallback => Ok(fall_back(name, err)),
+        Err(err) => Err(err),
+    }
+}
+
+#[cfg(not(feature = "huggingface"))]
+fn hf_named(name: &str, _: &str, _: bool) -> Result<Arc<dyn Estimator>, EstimatorError> {
+    Err(EstimatorError::FeatureDisabled {
+        name: name.to_owned(),
+        feature: "huggingface",
+    })
+}
+
+/// The next estimator down the chain (tiktoken's o200k_base, else words), with one warning per
+/// failing name.
+#[cfg_attr(not(feature = "huggingface"), allow(dead_code))]
+fn fall_back(name: &str, err: EstimatorError) -> Arc<dyn Estimator> {
+    let next: Arc<dyn Estimator> = match tiktoken_named("openai", "o200k_base", false) {
+        Ok(tiktoken) => tiktoken,
+        Err(_) => Arc::new(Words),
+    };
+    // `cached` makes this run once per name, so this is the one warning.
+    tracing::warn!(
+        estimator = name,
+        fallback = next.name(),
+        error = %err,
+        "could not load the estimator's vocabulary; counting with {} instead",
+        next.name()
+    );
+    Arc::new(Fallback {
+        name: name.to_owned(),
+        inner: next,
+    })
+}
+
+/// An estimator standing in for one that could not be loaded.
+#[derive(Debug)]
+struct Fallback {
+    name: String,
+    inner: Arc<dyn Estimator>,
+}
+
+impl Estimator for Fallback {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn count(&self, text: &str) -> usize {
+        self.inner.count(text)
+    }
+}

@@ -1,0 +1,160 @@
+//! OpenAI's vocabularies through tiktoken-rs.
+
+use tiktoken_rs::CoreBPE;
+use tiktoken_rs::tokenizer::{Tokenizer, get_tokenizer};
+
+use crate::{Estimator, EstimatorError};
+
+/// An OpenAI encoding (`o200k_base` by default).
+///
+/// The vocabularies and the model → encoding map are tiktoken-rs's. For `o200k_base` and
+/// `cl100k_base` the count is made by bpe-openai's encoder over the same vocabulary: it gives
+/// the same counts (tested token for token) and runs in linear time, where tiktoken's merge
+/// loop is quadratic in the length of one pre-tokenized piece (a 10 MB string without spaces is
+/// one piece). The other encodings are counted by tiktoken-rs itself.
+///
+/// ```
+/// use tollgate_estimators::{Estimator, Tiktoken};
+///
+/// let gpt4 = Tiktoken::for_model("gpt-4")?;
+/// assert_eq!(gpt4.encoding(), "cl100k_base");
+/// // Special-token text is ordinary text here.
+/// assert_eq!(Tiktoken::default().count("<|endoftext|>"), 7);
+/// # Ok::<(), tollgate_estimators::EstimatorError>(())
+/// ```
+#[derive(Clone)]
+pub struct Tiktoken {
+    name: String,
+    tokenizer: Tokenizer,
+    counter: Counter,
+}
+
+#[derive(Clone, Copy)]
+enum Counter {
+    Linear(&'static bpe_openai::Tokenizer),
+    Tiktoken(&'static CoreBPE),
+}
+
+impl std::fmt::Debug for Tiktoken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tiktoken")
+            .field("name", &self.name)
+            .field("encoding", &self.encoding())
+            .finish()
+    }
+}
+
+impl Default for Tiktoken {
+    fn default() -> Tiktoken {
+        Tiktoken::from_tokenizer(Tokenizer::O200kBase).named("openai")
+    }
+}
+
+fn encoding_name(tokenizer: Tokenizer) -> &'static str {
+    match tokenizer {
+        Tokenizer::O200kHarmony => "o200k_harmony",
+        Tokenizer::O200kBase => "o200k_base",
+        Tokenizer::Cl100kBase => "cl100k_base",
+        Tokenizer::P50kBase => "p50k_base",
+        Tokenizer::R50kBase | Tokenizer::Gpt2 => "r50k_base",
+        Tokenizer::P50kEdit => "p50k_edit",
+    }
+}
+
+impl Tiktoken {
+    fn from_tokenizer(tokenizer: Tokenizer) -> Tiktoken {
+        let counter = match tokenizer {
+            Tokenizer::O200kBase => Counter::Linear(bpe_openai::o200k_base()),
+            Tokenizer::Cl100kBase => Counter::Linear(bpe_openai::cl100k_base()),
+            other => Counter::Tiktoken(
+                tiktoken_rs::bpe_for_tokenizer(other).expect("tiktoken-rs embeds every encoding"),
+            ),
+        };
+        Tiktoken {
+            name: format!("tiktoken:{}", encoding_name(tokenizer)),
+            tokenizer,
+            counter,
+        }
+    }
+
+    pub(crate) fn named(mut self, name: &str) -> Tiktoken {
+        name.clone_into(&mut self.name);
+        self
+    }
+
+    /// The encoding a model uses, as tiktoken-rs maps it: `gpt-4o` → `o200k_base`,
+    /// `gpt-4` → `cl100k_base`.
+    pub fn for_model(model: &str) -> Result<Tiktoken, EstimatorError> {
+        let tokenizer = get_tokenizer(model).ok_or_else(|| EstimatorError::UnknownModel {
+            name: format!("openai:{model}"),
+            model: model.to_owned(),
+        })?;
+        Ok(Tiktoken::from_tokenizer(tokenizer).named(&format!("openai:{model}")))
+    }
+
+    /// An encoding by name: `o200k_base`, `cl100k_base`, `p50k_base`, `p50k_edit`,
+    /// `r50k_base` (also `gpt2`), `o200k_harmony`.
+    pub fn for_encoding(encoding: &str) -> Result<Tiktoken, EstimatorError> {
+        let tokenizer = match encoding.to_ascii_lowercase().as_str() {
+            "o200k_base" => Tokenizer::O200kBase,
+            "o200k_harmony" => Tokenizer::O200kHarmony,
+            "cl100k_base" => Tokenizer::Cl100kBase,
+            "p50k_base" => Tokenizer::P50kBase,
+            "p50k_edit" => Tokenizer::P50kEdit,
+            "r50k_base" | "gpt2" => Tokenizer::R50kBase,
+            _ => {
+                return Err(EstimatorError::UnknownEncoding {
+                    name: format!("tiktoken:{encoding}"),
+                    encoding: encoding.to_owned(),
+                });
+            }
+        };
+        Ok(Tiktoken::from_tokenizer(tokenizer))
+    }
+
+    /// The encoding's name.
+    pub fn encoding(&self) -> &'static str {
+        encoding_name(self.tokenizer)
+    }
+
+    /// Counts with tiktoken-rs's own `encode_ordinary`, whatever the encoding: the reference
+    /// the linear counter is tested and benchmarked against.
+    pub fn count_with_tiktoken_rs(&self, text: &str) -> usize {
+        match tiktoken_rs::bpe_for_tokenizer(self.tokenizer) {
+            Ok(bpe) => bpe.encode_ordinary(text).len(),
+            // tiktoken-rs embeds its vocabularies and never fails here; if it ever did, the
+            // linear counter's answer is the same count.
+            Err(_) => self.count(text),
+        }
+    }
+}
+
+impl EstimatorError {
+    /// The same error under the name the user asked for.
+    pub(crate) fn renamed(self, asked: &str) -> EstimatorError {
+        match self {
+            EstimatorError::UnknownModel { model, .. } => EstimatorError::UnknownModel {
+                name: asked.to_owned(),
+                model,
+            },
+            EstimatorError::UnknownEncoding { encoding, .. } => EstimatorError::UnknownEncoding {
+                name: asked.to_owned(),
+                encoding,
+            },
+            other => other,
+        }
+    }
+}
+
+impl Estimator for Tiktoken {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn count(&self, text: &str) -> usize {
+        match self.counter {
+            Counter::Linear(tokenizer) => tokenizer.count(text),
+            Counter::Tiktoken(bpe) => bpe.encode_ordinary(text).len(),
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! The Hugging Face estimator on real tokenizer files (see shared/fixtures/tokenizers).
+
+#![cfg(feature = "huggingface")]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tollgate_estimators::{
+    Estimator, EstimatorError, HuggingFace, Tiktoken, Voyage, estimator, estimator_strict,
+};
+
+#[test]
+fn truncation_and_padding_are_switched_off() {
+    let Some(path) = common::fixture("all-MiniLM-L6-v2") else {
+        return;
+    };
+    let hf = HuggingFace::from_file(&path).unwrap();
+    // The file pads and truncates to 128; the counter must do neither.
+    assert_eq!(hf.count("hello world"), 2);
+    let long = common::sample("english.txt");
+    assert!(hf.count(&long) > 400, "{}", hf.count(&long));
+    assert_eq!(hf.count(""), 0);
+}
+
+#[test]
+fn gpt4o_tokenizer_json_counts_like_o200k() {
+    let Some(path) = common::fixture("gpt-4o") else {
+        return;
+    };
+    let hf = HuggingFace::from_file(&path).unwrap();
+    let o200k = Tiktoken::for_encoding("o200k_base").unwrap();
+    for text in common::tricky_texts() {
+        assert_eq!(
+            hf.count(&text),
+            o200k.count(&text),
+            "on {:?}",
+            &text[..text.len().min(60)]
+        );
+    }
+}
+
+#[test]
+fn voyage_matches_the_qwen3_vocabulary_token_for_token() {
+    let Some(path) = common::fixture("qwen3") else {
+        return;
+    };
+    let qwen = HuggingFace::from_file(&path).unwrap();
+    let voyage = bpe_openai::voyage3_base();
+    // qwen3's file declares `<|fim_prefix|>` and friends as added tokens that are not
+    // "special", so the tokenizer matches them even in ordinary text; voyage3_base has no added
+    // tokens. That one text is the known difference, and is left out here.
+    for text in common::tricky_texts()
+        .into_iter()
+        .filter(|t| !t.contains("<|"))
+    {
+        let ours: Vec<String> = voyage
+            .encode(text.as_str())
+            .iter()
+            .map(|&id| {
+                // Compare token strings in the byte-level alphabet the tokenizer.json uses.
+                byte_level(&voyage.bpe.token_bytes(id).to_vec())
+            })
+            .collect();
+        let theirs = qwen.tokens(&text);
+        assert_eq!(ours, theirs, "on {:?}", &text[..text.len().min(60)]);
+        assert_eq!(Voyage.count(&text), qwen.count(&text));
+    }
+}
+
+/// GPT-2's byte-to-unicode map, as byte-level BPE files spell their tokens.
+fn byte_level(bytes: &[u8]) -> String {
+    let printable = |b: u8| {
+        (b'!'..=b'~').contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b)
+    };
+    let mut extra = 0u32;
+    let mut table = [' '; 256];
+    for b in 0..=255u8 {
+        table[b as usize] = if printable(b) {
+            char::from(b)
+        } else {
+            extra += 1;
+            char::from_u32(255 + extra).unwrap()
+        };
+    }
+    bytes.iter().map(|&b| table[b as usize]).collect()
+}
+
+#[test]
+fn each_file_is_loaded_once_per_process() {
+    let Some(path) = common::fixture("gpt-4o") else {
+        return;
+    };
+    let name = format!("hf:{}", path.display());
+    let started = Instant::now();
+    let first = estimator_strict(&name).unwrap();
+    let first_call = started.elapsed();
+    let read_after_first = HuggingFace::files_read();
+    let started = Instant::now();
+    let second = estimator_strict(&name).unwrap();
+    let second_call = started.elapsed();
+    assert!(Arc::ptr_eq(&first, &second), "the same estimator is shared");
+    // Another route to the same file shares the parsed tokenizer too.
+    HuggingFace::from_file(&path).unwrap();
+    assert_eq!(HuggingFace::files_read(), read_after_first);
+    eprintln!("hf gpt-4o: first call {first_call:?}, second {second_call:?}");
+}
+
+#[test]
+fn missing_or_corrupt_files_fall_back_unless_strict() {
+    let missing = "hf:/nonexistent/tokenizer.json";
+    let err = estimator_strict(missing).unwrap_err();
+    assert!(matches!(err, EstimatorError::Load { .. }), "{err:?}");
+    assert!(err.to_string().starts_with("estimator `hf:/nonexistent/tokenizer.json`: could not load `/nonexistent/tokenizer.json`"), "{err}");
+
+    let fallback = estimator(missing).unwrap();
+    assert_eq!(fallback.name(), missing);
+    let text = common::sample("english.txt");
+    assert_eq!(fallback.count(&text), Tiktoken::default().count(&text));
+
+    let dir = std::env::temp_dir().join(format!("tollgate-corrupt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let corrupt = dir.join("tokenizer.json");
+    std::fs::write(&corrupt, "{ not json").unwrap();
+    let name = format!("hf:{}", corrupt.display());
+    assert!(matches!(
+        estimator_strict(&name),
+        Err(EstimatorError::Load { .. })
+    ));
+    assert_eq!(estimator(&name).unwrap().count("Hello, world!"), 4);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
