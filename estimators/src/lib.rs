@@ -138,8 +138,11 @@ pub enum EstimatorError {
     },
 }
 
-/// Name → estimator, once per process (keyed by name and by whether fallback is allowed).
-static LOADED: LazyLock<Mutex<HashMap<(String, bool), Arc<dyn Estimator>>>> =
+/// An estimator's name, and whether it may fall back.
+type LoadKey = (String, bool);
+
+/// Name → estimator, once per process.
+static LOADED: LazyLock<Mutex<HashMap<LoadKey, Arc<dyn Estimator>>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// The estimator called `name`, loaded once per process and shared; falls back along Hugging
