@@ -60,7 +60,7 @@ fn voyage_matches_the_qwen3_vocabulary_token_for_token() {
             .iter()
             .map(|&id| {
                 // Compare token strings in the byte-level alphabet the tokenizer.json uses.
-                byte_level(&voyage.bpe.token_bytes(id).to_vec())
+                byte_level(voyage.bpe.token_bytes(id))
             })
             .collect();
         let theirs = qwen.tokens(&text);
