@@ -120,6 +120,26 @@ pub enum Error {
     },
 }
 
+impl From<tollgate_estimators::EstimatorError> for Error {
+    fn from(err: tollgate_estimators::EstimatorError) -> Error {
+        // The message already says all the cause says; a source would print it twice.
+        Error::Estimator {
+            message: err.to_string(),
+            source: None,
+        }
+    }
+}
+
+impl From<tollgate_estimators::ExtractError> for Error {
+    fn from(err: tollgate_estimators::ExtractError) -> Error {
+        // The message already says all the cause says; a source would print it twice.
+        Error::Estimator {
+            message: err.to_string(),
+            source: None,
+        }
+    }
+}
+
 impl Error {
     /// The error for bucket-level refusal `err` on `key`, with `cost` for context.
     pub(crate) fn from_bucket(key: &str, cost: Cost, err: BucketError) -> Error {

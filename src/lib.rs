@@ -67,7 +67,10 @@ pub mod store;
 pub use backoff::Backoff;
 pub use bucket::{Cost, Decision};
 pub use error::Error;
-pub use limiter::{Attempt, Limiter, Permit, WaitPolicy};
+pub use limiter::{Attempt, Limiter, LimiterBuilder, Permit, WaitPolicy, default_estimator};
 pub use rate::{Currency, Limits, Rate, RateError, Rates};
 pub use registry::{Registry, install_store};
 pub use store::{AnyStore, MemoryStore, Store};
+/// The estimators crate: token counts from a call's arguments.
+pub use tollgate_estimators as estimators;
+pub use tollgate_estimators::{Estimate, Estimator};

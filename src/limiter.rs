@@ -1,16 +1,18 @@
 //! [`Limiter`] and [`Permit`]: acquire, wait, settle.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use serde::Serialize;
 use tokio::time::Instant;
+use tollgate_estimators::{Estimate, Estimator};
 
 use crate::backoff::Backoff;
 use crate::bucket::{Available, Buckets, Cost, Decision};
 use crate::error::Error;
 use crate::rate::Limits;
-use crate::store::{AnyStore, Store};
+use crate::store::{AnyStore, MemoryStore, Store};
 
 /// How a limiter waits: the backoff between attempts, the default deadline, and how many calls
 /// may wait on the key at once.
@@ -64,6 +66,9 @@ struct Inner<S> {
     limits: Limits,
     store: S,
     policy: WaitPolicy,
+    /// Chosen when the limiter is built, or the default on first use (so that a limiter that
+    /// never estimates never loads a vocabulary).
+    estimator: OnceLock<Arc<dyn Estimator>>,
     /// Held by the waiter at the head of the queue; tokio's mutex is fair (FIFO).
     queue: tokio::sync::Mutex<()>,
     waiters: AtomicUsize,
@@ -150,6 +155,124 @@ impl Drop for WaiterSlot<'_> {
     }
 }
 
+/// The estimator a limiter uses when none is given: `openai` (o200k_base) with the `tiktoken`
+/// feature, else `words`.
+pub fn default_estimator() -> Arc<dyn Estimator> {
+    static DEFAULT: OnceLock<Arc<dyn Estimator>> = OnceLock::new();
+    Arc::clone(DEFAULT.get_or_init(|| {
+        tollgate_estimators::estimator("openai")
+            .unwrap_or_else(|_| Arc::new(tollgate_estimators::Words))
+    }))
+}
+
+/// Builds a [`Limiter`]: the store, the wait policy and the estimator, each with a default.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{Limiter, Limits, MemoryStore};
+///
+/// let limiter = Limiter::builder("voyage", Limits::parse("300/m", "1000000/m")?)
+///     .store(MemoryStore::new())
+///     .timeout(Some(Duration::from_secs(5)))
+///     .estimator_named("voyageai")?
+///     .build()?;
+/// assert_eq!(limiter.key(), "voyage");
+/// # Ok::<(), tollgate::Error>(())
+/// ```
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct LimiterBuilder<S: Store = MemoryStore> {
+    key: String,
+    limits: Limits,
+    store: S,
+    policy: WaitPolicy,
+    estimator: Option<Arc<dyn Estimator>>,
+}
+
+impl<S: Store> LimiterBuilder<S> {
+    /// The store (default: a new [`MemoryStore`]).
+    pub fn store<T: Store>(self, store: T) -> LimiterBuilder<T> {
+        LimiterBuilder {
+            key: self.key,
+            limits: self.limits,
+            store,
+            policy: self.policy,
+            estimator: self.estimator,
+        }
+    }
+
+    /// The whole wait policy.
+    pub fn policy(mut self, policy: WaitPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// How long [`Limiter::acquire`] waits at most (`None`: as long as it takes).
+    pub fn timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.policy.timeout = timeout;
+        self
+    }
+
+    /// The sleep between attempts.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.policy.backoff = backoff;
+        self
+    }
+
+    /// How many calls may wait at once.
+    pub fn max_waiters(mut self, max_waiters: usize) -> Self {
+        self.policy.max_waiters = max_waiters;
+        self
+    }
+
+    /// The estimator that turns arguments into tokens (default: [`default_estimator`]).
+    pub fn estimator(mut self, estimator: Arc<dyn Estimator>) -> Self {
+        self.estimator = Some(estimator);
+        self
+    }
+
+    /// The estimator called `name` (`openai`, `openai:gpt-4`, `voyageai`, `hf:path`, `words`).
+    pub fn estimator_named(self, name: &str) -> Result<Self, Error> {
+        Ok(self.estimator(tollgate_estimators::estimator(name)?))
+    }
+
+    /// The limiter. Fails with [`Error::NoLimits`] when the limits have no window.
+    pub fn build(self) -> Result<Limiter<S>, Error> {
+        if self.limits.is_empty() {
+            return Err(Error::NoLimits { key: self.key });
+        }
+        let estimator = OnceLock::new();
+        if let Some(chosen) = self.estimator {
+            let _ = estimator.set(chosen);
+        }
+        Ok(Limiter {
+            inner: Arc::new(Inner {
+                key: self.key,
+                limits: self.limits,
+                store: self.store,
+                policy: self.policy,
+                estimator,
+                queue: tokio::sync::Mutex::new(()),
+                waiters: AtomicUsize::new(0),
+                uses: AtomicU64::new(0),
+            }),
+        })
+    }
+}
+
+impl Limiter<MemoryStore> {
+    /// A builder for `key` with `limits`, on a new in-memory store until
+    /// [`store`](LimiterBuilder::store) says otherwise.
+    pub fn builder(key: impl Into<String>, limits: Limits) -> LimiterBuilder<MemoryStore> {
+        LimiterBuilder {
+            key: key.into(),
+            limits,
+            store: MemoryStore::new(),
+            policy: WaitPolicy::default(),
+            estimator: None,
+        }
+    }
+}
+
 impl<S: Store> Limiter<S> {
     /// A limiter for `key` with `limits` on `store`, waiting by the default [`WaitPolicy`].
     ///
@@ -165,21 +288,53 @@ impl<S: Store> Limiter<S> {
         store: S,
         policy: WaitPolicy,
     ) -> Result<Limiter<S>, Error> {
-        let key = key.into();
-        if limits.is_empty() {
-            return Err(Error::NoLimits { key });
+        LimiterBuilder {
+            key: key.into(),
+            limits,
+            store,
+            policy,
+            estimator: None,
         }
-        Ok(Limiter {
-            inner: Arc::new(Inner {
-                key,
-                limits,
-                store,
-                policy,
-                queue: tokio::sync::Mutex::new(()),
-                waiters: AtomicUsize::new(0),
-                uses: AtomicU64::new(0),
-            }),
-        })
+        .build()
+    }
+
+    /// The estimator this limiter counts arguments with.
+    pub fn estimator(&self) -> &Arc<dyn Estimator> {
+        self.inner.estimator.get_or_init(default_estimator)
+    }
+
+    /// The tokens `args` will cost, by this limiter's estimator (see
+    /// [`tollgate_estimators::estimate`] for what counts).
+    pub fn estimate<T: Serialize + ?Sized>(&self, args: &T) -> Result<Estimate, Error> {
+        Ok(tollgate_estimators::estimate(&**self.estimator(), args)?)
+    }
+
+    /// Waits for one request plus the estimated input tokens of `args`, like
+    /// [`acquire`](Limiter::acquire). Limits without token windows skip the estimate.
+    ///
+    /// ```
+    /// use serde_json::json;
+    /// use tollgate::{Limiter, Limits};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tollgate::Error> {
+    /// let limiter = Limiter::builder("openai", Limits::parse("500/m", "30000/m")?)
+    ///     .estimator_named("words")?
+    ///     .build()?;
+    /// let body = json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "Hi"}]});
+    /// let permit = limiter.acquire_for(&body).await?;
+    /// // 3 framing + "user" + "Hi" + 3 priming, by the words rule.
+    /// assert_eq!(permit.cost().tokens, 8);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn acquire_for<T: Serialize + ?Sized>(&self, args: &T) -> Result<Permit<S>, Error> {
+        let tokens = if self.inner.limits.tokens().is_empty() {
+            0
+        } else {
+            self.estimate(args)?.input_tokens
+        };
+        self.acquire(Cost::call(tokens)).await
     }
 
     /// The key.

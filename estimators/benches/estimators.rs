@@ -1,1 +1,163 @@
-fn main() {}
+//! Estimator throughput, tiktoken-rs against bpe-openai on the same vocabulary, and what text
+//! extraction adds to the raw count.
+//!
+//! The Hugging Face estimator is measured when `TOLLGATE_TOKENIZERS` names the fixtures folder
+//! and the `huggingface` feature is on.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Instant;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use serde::Serialize;
+use tollgate_estimators::{Estimator, Tiktoken, estimate, estimator};
+
+fn sample() -> String {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/");
+    ["english.txt", "code_rs.txt", "chinese.txt", "japanese.txt"]
+        .iter()
+        .map(|f| std::fs::read_to_string(format!("{dir}{f}")).unwrap())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A prefix of `text` of about `bytes` bytes, cut at a character boundary.
+fn prefix(text: &str, bytes: usize) -> String {
+    let mut out = text.repeat(bytes / text.len() + 1);
+    let mut cut = bytes;
+    while !out.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    out.truncate(cut);
+    out
+}
+
+/// The estimators to measure, each timed on its first count (which loads its vocabulary).
+fn estimators() -> Vec<Arc<dyn Estimator>> {
+    let mut names = vec![
+        "openai".to_owned(),
+        "voyageai".to_owned(),
+        "words".to_owned(),
+    ];
+    if cfg!(feature = "huggingface")
+        && let Some(dir) = std::env::var_os("TOLLGATE_TOKENIZERS")
+    {
+        let path = std::path::Path::new(&dir).join("gpt-4o/tokenizer.json");
+        names.push(format!("hf:{}", path.display()));
+    }
+    names
+        .iter()
+        .map(|name| {
+            let started = Instant::now();
+            let est = estimator(name).unwrap();
+            est.count("load");
+            eprintln!("first use of {name}: {:?}", started.elapsed());
+            est
+        })
+        .collect()
+}
+
+fn counting(c: &mut Criterion) {
+    let text = sample();
+    let ests = estimators();
+    let o200k = Tiktoken::default();
+    for size in [1 << 10, 100 << 10] {
+        let input = prefix(&text, size);
+        assert_eq!(o200k.count(&input), o200k.count_with_tiktoken_rs(&input));
+        let mut group = c.benchmark_group(format!("count_{}kb", size >> 10));
+        group.throughput(Throughput::Bytes(input.len() as u64));
+        group.bench_function("tiktoken-rs_o200k", |b| {
+            b.iter(|| o200k.count_with_tiktoken_rs(black_box(&input)))
+        });
+        for est in &ests {
+            let id = match est.name() {
+                "openai" => "bpe-openai_o200k (openai)".to_owned(),
+                name if name.starts_with("hf:") => "hf_gpt-4o_tokenizer.json".to_owned(),
+                name => name.to_owned(),
+            };
+            group.bench_function(id, |b| b.iter(|| est.count(black_box(&input))));
+        }
+        group.finish();
+    }
+}
+
+fn no_whitespace(c: &mut Criterion) {
+    let ests = estimators();
+    let o200k = Tiktoken::default();
+    let mut group = c.benchmark_group("no_whitespace");
+    group.sample_size(10);
+    // tiktoken-rs merges one pre-tokenized piece in quadratic time: 64 KB is already slow.
+    for size in [16 << 10, 64 << 10] {
+        let input = "a".repeat(size);
+        group.throughput(Throughput::Bytes(size as u64));
+        group.bench_with_input(
+            BenchmarkId::new("tiktoken-rs_o200k", size),
+            &input,
+            |b, s| b.iter(|| o200k.count_with_tiktoken_rs(s)),
+        );
+        group.bench_with_input(
+            BenchmarkId::new("bpe-openai_o200k", size),
+            &input,
+            |b, s| b.iter(|| o200k.count(s)),
+        );
+    }
+    let input = "a".repeat(10 << 20);
+    group.throughput(Throughput::Bytes(input.len() as u64));
+    for est in ests.iter().filter(|e| !e.name().starts_with("hf:")) {
+        group.bench_with_input(BenchmarkId::new(est.name(), "10MB"), &input, |b, s| {
+            b.iter(|| est.count(s))
+        });
+    }
+    group.finish();
+}
+
+#[derive(Serialize)]
+struct Message {
+    role: &'static str,
+    content: String,
+}
+
+fn extraction(c: &mut Criterion) {
+    let text = sample();
+    let est = estimator("openai").unwrap();
+    // 20 messages of 40..800 bytes each, alternating roles.
+    let messages: Vec<Message> = (0..20)
+        .map(|i| Message {
+            role: if i % 2 == 0 { "user" } else { "assistant" },
+            content: prefix(&text[(i * 97)..], 40 + i * 40),
+        })
+        .collect();
+    let body = serde_json::json!({
+        "model": "gpt-4o",
+        "max_tokens": 512,
+        "messages": serde_json::to_value(&messages).unwrap(),
+    });
+    let raw = |est: &dyn Estimator| {
+        messages
+            .iter()
+            .map(|m| est.count(m.role) + est.count(&m.content) + 3)
+            .sum::<usize>()
+            + 3
+    };
+    assert_eq!(
+        raw(&*est) as u64,
+        estimate(&*est, &body).unwrap().input_tokens
+    );
+    assert_eq!(
+        raw(&*est) as u64,
+        estimate(&*est, &messages).unwrap().input_tokens
+    );
+
+    let mut group = c.benchmark_group("extraction_20_messages");
+    group.bench_function("raw_count", |b| b.iter(|| raw(black_box(&*est))));
+    group.bench_function("estimate_json_body", |b| {
+        b.iter(|| estimate(&*est, black_box(&body)).unwrap())
+    });
+    group.bench_function("estimate_typed_structs", |b| {
+        b.iter(|| estimate(&*est, black_box(&messages)).unwrap())
+    });
+    group.finish();
+}
+
+criterion_group!(benches, counting, no_whitespace, extraction);
+criterion_main!(benches);

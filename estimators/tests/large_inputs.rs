@@ -44,7 +44,11 @@ unsafe impl GlobalAlloc for Counting {
 static ALLOCATOR: Counting = Counting;
 
 /// Runs `f` on another thread and fails if it takes longer than `limit`.
-fn within<T: Send + 'static>(limit: Duration, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+fn within<T: Send + 'static>(
+    limit: Duration,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let _ = tx.send(f());
@@ -108,7 +112,10 @@ fn large_inputs_stay_linear_in_memory_and_time() {
             let tokens = est.count(&"a".repeat(10 << 20));
             (tokens, started.elapsed())
         });
-        eprintln!("{name}: 10 MB without whitespace: {} tokens in {:?}", tokens.0, tokens.1);
+        eprintln!(
+            "{name}: 10 MB without whitespace: {} tokens in {:?}",
+            tokens.0, tokens.1
+        );
         assert!(tokens.0 > 0);
     }
 }
