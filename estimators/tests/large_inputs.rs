@@ -59,10 +59,10 @@ fn within<T: Send + 'static>(
 
 fn names() -> Vec<String> {
     let mut names: Vec<String> = ["openai", "voyageai", "words"].map(String::from).to_vec();
-    if cfg!(feature = "huggingface") {
-        if let Some(path) = common::fixture("gpt-4o") {
-            names.push(format!("hf:{}", path.display()));
-        }
+    if cfg!(feature = "huggingface")
+        && let Some(path) = common::fixture("gpt-4o")
+    {
+        names.push(format!("hf:{}", path.display()));
     }
     names
 }
