@@ -27,24 +27,29 @@ impl Clock {
     }
 
     /// The time since the clock's origin.
+    ///
+    /// Tokio's clock reads from [`TOKIO_BIAS`] up, so that a reading earlier than the origin
+    /// (another runtime whose paused clock lags this one, in tests) is still an instant that
+    /// orders correctly instead of collapsing to zero.
     pub fn now(&self) -> Nanos {
         match self {
             Clock::Tokio(origin) => {
-                Nanos::from_duration(tokio::time::Instant::now().saturating_duration_since(*origin))
+                let now = tokio::time::Instant::now();
+                let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(TOKIO_BIAS);
+                Nanos(if now >= *origin {
+                    TOKIO_BIAS.saturating_add(nanos(now - *origin))
+                } else {
+                    TOKIO_BIAS.saturating_sub(nanos(*origin - now))
+                })
             }
             Clock::Manual(manual) => manual.now(),
         }
     }
-
-    /// The tokio instant that corresponds to `at` on this clock, for sleeping until it; `None`
-    /// for a manual clock, whose time no sleep can reach.
-    pub fn instant_of(&self, at: Nanos) -> Option<tokio::time::Instant> {
-        match self {
-            Clock::Tokio(origin) => Some(*origin + at.as_duration()),
-            Clock::Manual(_) => None,
-        }
-    }
 }
+
+/// Where tokio's clock starts counting (2^62 ns, about 146 years): room below for readings
+/// before the origin, and above for centuries after it.
+pub const TOKIO_BIAS: u64 = 1 << 62;
 
 impl Default for Clock {
     fn default() -> Clock {
