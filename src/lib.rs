@@ -60,6 +60,7 @@ pub mod bucket;
 pub mod clock;
 mod error;
 mod limiter;
+mod macro_support;
 pub mod rate;
 mod registry;
 pub mod store;
@@ -74,3 +75,10 @@ pub use store::{AnyStore, MemoryStore, Store};
 /// The estimators crate: token counts from a call's arguments.
 pub use tollgate_estimators as estimators;
 pub use tollgate_estimators::{Estimate, Estimator};
+pub use tollgate_macros::limit;
+
+/// What `#[tollgate::limit]` expands to; not a public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::macro_support::*;
+}

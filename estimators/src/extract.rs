@@ -45,6 +45,14 @@ pub struct Estimate {
 }
 
 impl Estimate {
+    /// The sum of two estimates, field by field.
+    pub fn plus(self, other: Estimate) -> Estimate {
+        Estimate {
+            input_tokens: self.input_tokens.saturating_add(other.input_tokens),
+            reserved_output: self.reserved_output.saturating_add(other.reserved_output),
+        }
+    }
+
     /// Input plus reserved output.
     pub fn total(&self) -> u64 {
         self.input_tokens.saturating_add(self.reserved_output)
@@ -85,6 +93,27 @@ where
     E: Estimator + ?Sized,
     T: Serialize + ?Sized,
 {
+    let mut estimate = tally(estimator, value)?;
+    estimate.input_tokens = estimate.input_tokens.max(1);
+    Ok(estimate)
+}
+
+/// Like [`estimate`], without the floor of 1 token: for adding up several values (the
+/// arguments of one call), where the floor applies once to the sum.
+///
+/// ```
+/// use tollgate_estimators::{Words, tally};
+///
+/// assert_eq!(tally(&Words, "")?.input_tokens, 0);
+/// let sum = tally(&Words, "one")?.plus(tally(&Words, "two")?);
+/// assert_eq!(sum.input_tokens, 2);
+/// # Ok::<(), tollgate_estimators::ExtractError>(())
+/// ```
+pub fn tally<E, T>(estimator: &E, value: &T) -> Result<Estimate, ExtractError>
+where
+    E: Estimator + ?Sized,
+    T: Serialize + ?Sized,
+{
     let mut counter = Counter {
         estimator,
         reserved: Reserved::default(),
@@ -94,7 +123,7 @@ where
         ctx: Ctx::Root,
     })?;
     Ok(Estimate {
-        input_tokens: tokens.total.max(1),
+        input_tokens: tokens.total,
         reserved_output: counter.reserved.total(),
     })
 }

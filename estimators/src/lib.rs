@@ -48,7 +48,7 @@ mod tiktoken;
 mod voyage;
 mod words;
 
-pub use extract::{Estimate, ExtractError, estimate};
+pub use extract::{Estimate, ExtractError, estimate, tally};
 #[cfg(feature = "huggingface")]
 pub use huggingface::HuggingFace;
 #[cfg(feature = "tiktoken")]

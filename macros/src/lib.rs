@@ -1,1 +1,398 @@
+//! `#[tollgate::limit(...)]`: rate-limit an async function with one attribute.
+//!
+//! Use it through `tollgate::limit`; the crate docs of `tollgate` describe the options.
 
+use proc_macro::TokenStream;
+use proc_macro2::{Span, TokenStream as TokenStream2};
+use quote::{ToTokens, quote, quote_spanned};
+use syn::parse::{Parse, ParseStream};
+use syn::punctuated::Punctuated;
+use syn::spanned::Spanned;
+use syn::{Expr, ExprLit, FnArg, Ident, ItemFn, Lit, LitStr, Pat, ReturnType, Token, Type};
+
+/// The library's own rate grammar (src/rate.rs), so that what compiles is what parses.
+#[allow(dead_code, missing_docs)]
+#[path = "../../src/rate.rs"]
+mod rate;
+
+const OPTIONS: &str = "key, requests, tokens, estimator, timeout, tokens_from, reserve_output";
+
+/// Rate-limits an async function: each call pays 1 request and the estimated tokens of its
+/// arguments before the body runs. See the `tollgate` crate docs.
+#[proc_macro_attribute]
+pub fn limit(attr: TokenStream, item: TokenStream) -> TokenStream {
+    match expand(attr.into(), item.into()) {
+        Ok(tokens) => tokens.into(),
+        Err(err) => err.to_compile_error().into(),
+    }
+}
+
+/// One `name` or `name = value` in the attribute.
+struct Opt {
+    name: Ident,
+    value: Option<Expr>,
+}
+
+impl Parse for Opt {
+    fn parse(input: ParseStream) -> syn::Result<Opt> {
+        let name: Ident = input.parse()?;
+        let value = if input.peek(Token![=]) {
+            input.parse::<Token![=]>()?;
+            Some(input.parse()?)
+        } else {
+            None
+        };
+        Ok(Opt { name, value })
+    }
+}
+
+#[derive(Default)]
+struct Options {
+    key: Option<Expr>,
+    requests: Option<LitStr>,
+    tokens: Option<LitStr>,
+    estimator: Option<LitStr>,
+    timeout: Option<LitStr>,
+    tokens_from: Option<Vec<Ident>>,
+    reserve_output: Option<Option<Expr>>,
+}
+
+fn string_literal(opt: &Opt, what: &str) -> syn::Result<LitStr> {
+    match &opt.value {
+        Some(Expr::Lit(ExprLit {
+            lit: Lit::Str(lit), ..
+        })) => Ok(lit.clone()),
+        Some(other) => Err(syn::Error::new(
+            other.span(),
+            format!("`{}` takes a string literal, like {what}", opt.name),
+        )),
+        None => Err(syn::Error::new(
+            opt.name.span(),
+            format!("`{}` needs a value, like {} = {what}", opt.name, opt.name),
+        )),
+    }
+}
+
+fn parse_options(attr: TokenStream2) -> syn::Result<Options> {
+    let opts = syn::parse::Parser::parse2(Punctuated::<Opt, Token![,]>::parse_terminated, attr)?;
+    let mut options = Options::default();
+    let mut seen: Vec<String> = Vec::new();
+    for opt in opts {
+        let name = opt.name.to_string();
+        if seen.contains(&name) {
+            return Err(syn::Error::new(
+                opt.name.span(),
+                format!("`{name}` is given twice"),
+            ));
+        }
+        seen.push(name.clone());
+        match name.as_str() {
+            "key" => {
+                let value = opt.value.clone().ok_or_else(|| {
+                    syn::Error::new(
+                        opt.name.span(),
+                        "`key` needs a value, like key = \"openai\" or key = format!(\"host:{}\", host)",
+                    )
+                })?;
+                options.key = Some(value);
+            }
+            "requests" => options.requests = Some(rates_literal(&opt, "\"500/m\"")?),
+            "tokens" => options.tokens = Some(rates_literal(&opt, "\"200000/m\"")?),
+            "estimator" => {
+                let lit = string_literal(&opt, "\"openai\"")?;
+                check_estimator(&lit)?;
+                options.estimator = Some(lit);
+            }
+            "timeout" => {
+                let lit = string_literal(&opt, "\"30s\"")?;
+                parse_timeout(&lit)?;
+                options.timeout = Some(lit);
+            }
+            "tokens_from" => options.tokens_from = Some(argument_list(&opt)?),
+            "reserve_output" => options.reserve_output = Some(opt.value.clone()),
+            _ => {
+                return Err(syn::Error::new(
+                    opt.name.span(),
+                    format!("unknown option `{name}`; expected one of {OPTIONS}"),
+                ));
+            }
+        }
+    }
+    Ok(options)
+}
+
+/// A rate string, parsed now so that a bad one is a compile error at the literal.
+fn rates_literal(opt: &Opt, example: &str) -> syn::Result<LitStr> {
+    let lit = string_literal(opt, example)?;
+    lit.value()
+        .parse::<rate::Rates>()
+        .map_err(|err| syn::Error::new(lit.span(), err.to_string()))?;
+    Ok(lit)
+}
+
+fn check_estimator(lit: &LitStr) -> syn::Result<()> {
+    let value = lit.value();
+    let family = value.split(':').next().unwrap_or("").trim().to_ascii_lowercase();
+    let has_arg = value.contains(':');
+    let known = match family.as_str() {
+        "openai" | "tiktoken" => true,
+        "voyageai" | "voyage" | "words" => !has_arg,
+        "hf" | "huggingface" => has_arg,
+        _ => false,
+    };
+    if known {
+        Ok(())
+    } else {
+        Err(syn::Error::new(
+            lit.span(),
+            format!(
+                "unknown estimator `{value}`; expected openai, openai:<model>, tiktoken:<encoding>, voyageai, hf:<path to tokenizer.json> or words"
+            ),
+        ))
+    }
+}
+
+/// `"30s"`, `"500ms"`, `"2m"`, `"1h"` or `"none"`: the nanoseconds, or `None` for no deadline.
+fn parse_timeout(lit: &LitStr) -> syn::Result<Option<u64>> {
+    let text = lit.value();
+    let trimmed = text.trim();
+    if trimmed.eq_ignore_ascii_case("none") {
+        return Ok(None);
+    }
+    let bad = || {
+        syn::Error::new(
+            lit.span(),
+            format!("timeout `{text}`: expected a duration like \"30s\", \"500ms\", \"2m\" or \"1h\", or \"none\" to wait as long as it takes"),
+        )
+    };
+    let split = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(bad)?;
+    let (number, unit) = trimmed.split_at(split);
+    let number: u64 = number.parse().map_err(|_| bad())?;
+    let scale: u64 = match unit.trim() {
+        "ms" => 1_000_000,
+        "s" | "sec" | "secs" => 1_000_000_000,
+        "m" | "min" | "mins" => 60_000_000_000,
+        "h" | "hr" | "hrs" => 3_600_000_000_000,
+        _ => return Err(bad()),
+    };
+    number.checked_mul(scale).map(Some).ok_or_else(bad)
+}
+
+fn argument_list(opt: &Opt) -> syn::Result<Vec<Ident>> {
+    let bad = |span: Span| {
+        syn::Error::new(
+            span,
+            "`tokens_from` takes a list of argument names, like tokens_from = [messages]",
+        )
+    };
+    match &opt.value {
+        Some(Expr::Array(array)) => array
+            .elems
+            .iter()
+            .map(|e| match e {
+                Expr::Path(path) if path.path.get_ident().is_some() => {
+                    Ok(path.path.get_ident().cloned().expect("checked"))
+                }
+                other => Err(bad(other.span())),
+            })
+            .collect(),
+        Some(other) => Err(bad(other.span())),
+        None => Err(bad(opt.name.span())),
+    }
+}
+
+/// The named arguments of the function, with whether each is a plain identifier pattern.
+fn arguments(func: &ItemFn) -> Vec<(Ident, Type)> {
+    func.sig
+        .inputs
+        .iter()
+        .filter_map(|arg| match arg {
+            FnArg::Typed(typed) => match &*typed.pat {
+                Pat::Ident(ident) => Some((ident.ident.clone(), (*typed.ty).clone())),
+                _ => None,
+            },
+            FnArg::Receiver(_) => None,
+        })
+        .collect()
+}
+
+fn returns_result(func: &ItemFn) -> bool {
+    match &func.sig.output {
+        ReturnType::Type(_, ty) => match &**ty {
+            Type::Path(path) => path
+                .path
+                .segments
+                .last()
+                .is_some_and(|segment| segment.ident == "Result"),
+            _ => false,
+        },
+        ReturnType::Default => false,
+    }
+}
+
+fn expand(attr: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
+    let func: ItemFn = syn::parse2(item.clone()).map_err(|_| {
+        syn::Error::new(
+            Span::call_site(),
+            "#[tollgate::limit] goes on an async fn with a body",
+        )
+    })?;
+    let options = parse_options(attr)?;
+    let name = func.sig.ident.to_string();
+
+    if func.sig.asyncness.is_none() {
+        return Err(syn::Error::new(
+            func.sig.fn_token.span(),
+            format!(
+                "#[tollgate::limit] is for async functions: make `{name}` async, or call Limiter::acquire yourself before the work"
+            ),
+        ));
+    }
+    if !returns_result(&func) {
+        let span = match &func.sig.output {
+            ReturnType::Type(_, ty) => ty.span(),
+            ReturnType::Default => func.sig.ident.span(),
+        };
+        return Err(syn::Error::new(
+            span,
+            format!(
+                "#[tollgate::limit] needs `{name}` to return Result<T, E> with E: From<tollgate::Error>, so that a timeout, a full queue or a cost above capacity can be returned as an error"
+            ),
+        ));
+    }
+    let Some(key) = options.key else {
+        return Err(syn::Error::new(
+            Span::call_site(),
+            "missing `key`: name the key whose buckets this function shares, like key = \"openai\"",
+        ));
+    };
+    if options.requests.is_none() && options.tokens.is_none() {
+        return Err(syn::Error::new(
+            Span::call_site(),
+            "no limit given: add requests = \"500/m\", tokens = \"200000/m\", or both",
+        ));
+    }
+
+    let args = arguments(&func);
+    let counted: Vec<(Ident, bool)> = match &options.tokens_from {
+        Some(names) => names
+            .iter()
+            .map(|wanted| {
+                if args.iter().any(|(ident, _)| ident == wanted) {
+                    Ok((wanted.clone(), true))
+                } else {
+                    Err(syn::Error::new(
+                        wanted.span(),
+                        format!("`tokens_from` names `{wanted}`, but `{name}` has no argument called that"),
+                    ))
+                }
+            })
+            .collect::<syn::Result<_>>()?,
+        None => args.iter().map(|(ident, _)| (ident.clone(), false)).collect(),
+    };
+
+    let (key_literal, key_dynamic) = match &key {
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(lit), ..
+        }) => (quote!(::core::option::Option::Some(#lit)), quote!(::core::option::Option::None)),
+        expr => (
+            quote!(::core::option::Option::None),
+            quote!(::core::option::Option::Some(::core::convert::AsRef::<str>::as_ref(&(#expr)))),
+        ),
+    };
+    let lit_or_empty = |lit: &Option<LitStr>| match lit {
+        Some(lit) => lit.to_token_stream(),
+        None => quote!(""),
+    };
+    let requests = lit_or_empty(&options.requests);
+    let tokens = lit_or_empty(&options.tokens);
+    let estimator = match &options.estimator {
+        Some(lit) => quote!(::core::option::Option::Some(#lit)),
+        None => quote!(::core::option::Option::None),
+    };
+    let timeout = match &options.timeout {
+        None => quote!(::tollgate::__private::Timeout::Default),
+        Some(lit) => match parse_timeout(lit)? {
+            None => quote!(::tollgate::__private::Timeout::Never),
+            Some(nanos) => quote!(::tollgate::__private::Timeout::After(
+                ::core::time::Duration::from_nanos(#nanos)
+            )),
+        },
+    };
+    let fail = quote!(return ::core::result::Result::Err(::core::convert::From::from(__tollgate_error)));
+    let tallies = counted.iter().map(|(ident, explicit)| {
+        if *explicit {
+            quote_spanned! {ident.span()=>
+                if let ::core::result::Result::Err(__tollgate_error) =
+                    ::tollgate::__private::CountSerialize::tally_into(
+                        &::tollgate::__private::Arg(&#ident),
+                        &**__tollgate_estimator,
+                        &mut __tollgate_tally,
+                    )
+                {
+                    #fail;
+                }
+            }
+        } else {
+            quote! {
+                if let ::core::result::Result::Err(__tollgate_error) =
+                    (&::tollgate::__private::Arg(&#ident))
+                        .tally_into(&**__tollgate_estimator, &mut __tollgate_tally)
+                {
+                    #fail;
+                }
+            }
+        }
+    });
+    let reserve = match &options.reserve_output {
+        None => quote!(0u64),
+        Some(None) => quote!(__tollgate_tally.reserved_output),
+        Some(Some(expr)) => {
+            quote!(::tollgate::__private::ReserveTokens::reserve_tokens(&(#expr)))
+        }
+    };
+
+    let ItemFn {
+        attrs,
+        vis,
+        sig,
+        block,
+    } = func;
+    let stmts = &block.stmts;
+    Ok(quote! {
+        #(#attrs)*
+        #vis #sig {
+            let __tollgate_permit = {
+                static __TOLLGATE_SITE: ::tollgate::__private::Site = ::tollgate::__private::Site::new(
+                    #name, #key_literal, #requests, #tokens, #estimator, #timeout,
+                );
+                let __tollgate_limiter = match __TOLLGATE_SITE.limiter(#key_dynamic) {
+                    ::core::result::Result::Ok(limiter) => limiter,
+                    ::core::result::Result::Err(__tollgate_error) => #fail,
+                };
+                let mut __tollgate_tokens: u64 = 0;
+                if __TOLLGATE_SITE.counts_tokens() {
+                    let __tollgate_estimator = match __TOLLGATE_SITE.estimator() {
+                        ::core::result::Result::Ok(estimator) => estimator,
+                        ::core::result::Result::Err(__tollgate_error) => #fail,
+                    };
+                    let mut __tollgate_tally = ::tollgate::Estimate::default();
+                    #[allow(unused_imports)]
+                    use ::tollgate::__private::{CountSerialize as _, CountSkip as _};
+                    #(#tallies)*
+                    __tollgate_tokens = __tollgate_tally
+                        .input_tokens
+                        .saturating_add(#reserve);
+                }
+                match __TOLLGATE_SITE.acquire(&__tollgate_limiter, __tollgate_tokens).await {
+                    ::core::result::Result::Ok(permit) => permit,
+                    ::core::result::Result::Err(__tollgate_error) => #fail,
+                }
+            };
+            let _ = &__tollgate_permit;
+            #(#stmts)*
+        }
+    })
+}
