@@ -116,7 +116,11 @@ impl Site {
     /// Pays one request plus `tokens` (at least 1 when tokens are limited), waiting up to the
     /// site's timeout.
     pub async fn acquire(&self, limiter: &Limiter, tokens: u64) -> Result<Permit, Error> {
-        let tokens = if self.counts_tokens() { tokens.max(1) } else { 0 };
+        let tokens = if self.counts_tokens() {
+            tokens.max(1)
+        } else {
+            0
+        };
         let cost = Cost::call(tokens);
         match self.timeout {
             Timeout::Default => limiter.acquire(cost).await,
@@ -169,7 +173,9 @@ macro_rules! reserve_integers {
     };
 }
 
-reserve_integers!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize);
+reserve_integers!(
+    u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize
+);
 
 impl<T: ReserveTokens> ReserveTokens for Option<T> {
     fn reserve_tokens(&self) -> u64 {

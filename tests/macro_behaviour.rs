@@ -19,7 +19,10 @@ impl From<tollgate::Error> for AppError {
 }
 
 fn is_timeout(result: Result<(), AppError>) -> bool {
-    matches!(result, Err(AppError::Limited(tollgate::Error::Timeout { .. })))
+    matches!(
+        result,
+        Err(AppError::Limited(tollgate::Error::Timeout { .. }))
+    )
 }
 
 async fn tokens_left(key: &str, requests: &str, tokens: &str) -> i128 {
@@ -83,7 +86,12 @@ struct Client {
     _secret: &'static str,
 }
 
-#[tollgate::limit(key = "behaviour-chat", requests = "500/m", tokens = "100000/m", estimator = "openai")]
+#[tollgate::limit(
+    key = "behaviour-chat",
+    requests = "500/m",
+    tokens = "100000/m",
+    estimator = "openai"
+)]
 async fn chat(client: &Client, messages: &[Message], temperature: f32) -> Result<usize, AppError> {
     let _ = (client, temperature);
     Ok(messages.len())
@@ -131,13 +139,25 @@ async fn complete(prompt: &str, max_tokens: u32, _note: &str) -> Result<(), AppE
 #[tokio::test(start_paused = true)]
 async fn tokens_from_and_an_explicit_reservation() {
     // "three short words" is 3 tokens by the words rule; the note is not counted.
-    complete("three short words", 500, "a note that is not counted at all")
-        .await
-        .unwrap();
-    assert_eq!(tokens_left("behaviour-reserve", "", "10000/m").await, 10_000 - 503);
+    complete(
+        "three short words",
+        500,
+        "a note that is not counted at all",
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        tokens_left("behaviour-reserve", "", "10000/m").await,
+        10_000 - 503
+    );
 }
 
-#[tollgate::limit(key = "behaviour-body", tokens = "10000/m", estimator = "words", reserve_output)]
+#[tollgate::limit(
+    key = "behaviour-body",
+    tokens = "10000/m",
+    estimator = "words",
+    reserve_output
+)]
 async fn send(body: serde_json::Value) -> Result<(), AppError> {
     let _ = body;
     Ok(())
@@ -153,7 +173,10 @@ async fn a_request_body_reserves_its_output() {
     });
     send(body).await.unwrap();
     // 3 + "user" 1 + "Hello there" 2 + 3 priming = 9, plus 200 × 2 reserved.
-    assert_eq!(tokens_left("behaviour-body", "", "10000/m").await, 10_000 - 409);
+    assert_eq!(
+        tokens_left("behaviour-body", "", "10000/m").await,
+        10_000 - 409
+    );
 }
 
 #[tollgate::limit(key = "behaviour-big", tokens = "100/m", estimator = "words")]

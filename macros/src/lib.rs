@@ -132,7 +132,12 @@ fn rates_literal(opt: &Opt, example: &str) -> syn::Result<LitStr> {
 
 fn check_estimator(lit: &LitStr) -> syn::Result<()> {
     let value = lit.value();
-    let family = value.split(':').next().unwrap_or("").trim().to_ascii_lowercase();
+    let family = value
+        .split(':')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
     let has_arg = value.contains(':');
     let known = match family.as_str() {
         "openai" | "tiktoken" => true,
@@ -162,7 +167,9 @@ fn parse_timeout(lit: &LitStr) -> syn::Result<Option<u64>> {
     let bad = || {
         syn::Error::new(
             lit.span(),
-            format!("timeout `{text}`: expected a duration like \"30s\", \"500ms\", \"2m\" or \"1h\", or \"none\" to wait as long as it takes"),
+            format!(
+                "timeout `{text}`: expected a duration like \"30s\", \"500ms\", \"2m\" or \"1h\", or \"none\" to wait as long as it takes"
+            ),
         )
     };
     let split = trimmed
@@ -218,14 +225,21 @@ fn arguments(func: &ItemFn) -> Vec<(Ident, Type)> {
         .collect()
 }
 
+/// True unless the return type is plainly not a `Result`: nothing, a tuple, a reference, or a
+/// primitive or std type that isn't one. Other paths pass, so that aliases (`io::Result<T>`,
+/// `type Res<T> = Result<T, E>`) work; the compiler checks them.
 fn returns_result(func: &ItemFn) -> bool {
+    const NOT_RESULT: &[&str] = &[
+        "u8", "u16", "u32", "u64", "u128", "usize", "i8", "i16", "i32", "i64", "i128", "isize",
+        "f32", "f64", "bool", "char", "str", "String", "Vec", "Option", "Box", "HashMap",
+    ];
     match &func.sig.output {
         ReturnType::Type(_, ty) => match &**ty {
             Type::Path(path) => path
                 .path
                 .segments
                 .last()
-                .is_some_and(|segment| segment.ident == "Result"),
+                .is_some_and(|segment| !NOT_RESULT.iter().any(|n| segment.ident == n)),
             _ => false,
         },
         ReturnType::Default => false,
@@ -296,7 +310,10 @@ fn expand(attr: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
     let (key_literal, key_dynamic) = match &key {
         Expr::Lit(ExprLit {
             lit: Lit::Str(lit), ..
-        }) => (quote!(::core::option::Option::Some(#lit)), quote!(::core::option::Option::None)),
+        }) => (
+            quote!(::core::option::Option::Some(#lit)),
+            quote!(::core::option::Option::None),
+        ),
         expr => (
             quote!(::core::option::Option::None),
             quote!(::core::option::Option::Some(::core::convert::AsRef::<str>::as_ref(&(#expr)))),
@@ -321,7 +338,8 @@ fn expand(attr: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
             )),
         },
     };
-    let fail = quote!(return ::core::result::Result::Err(::core::convert::From::from(__tollgate_error)));
+    let fail =
+        quote!(return ::core::result::Result::Err(::core::convert::From::from(__tollgate_error)));
     let tallies = counted.iter().map(|(ident, explicit)| {
         if *explicit {
             quote_spanned! {ident.span()=>

@@ -1,0 +1,6 @@
+#[tollgate::limit(key = "k", requests = "500/q")]
+async fn call() -> Result<(), tollgate::Error> {
+    Ok(())
+}
+
+fn main() {}

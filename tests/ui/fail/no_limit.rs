@@ -1,0 +1,6 @@
+#[tollgate::limit(key = "k", estimator = "openai")]
+async fn call() -> Result<(), tollgate::Error> {
+    Ok(())
+}
+
+fn main() {}
