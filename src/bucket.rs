@@ -87,6 +87,14 @@ pub struct Tokens {
 }
 
 impl Tokens {
+    /// `units / scale` tokens (`scale` must be positive; 0 is read as 1).
+    pub fn from_units(units: i128, scale: u64) -> Tokens {
+        Tokens {
+            units,
+            scale: scale.max(1),
+        }
+    }
+
     /// The numerator over [`scale`](Tokens::scale).
     pub fn units(&self) -> i128 {
         self.units

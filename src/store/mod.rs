@@ -13,6 +13,8 @@ use crate::error::Error;
 use crate::rate::Limits;
 
 mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 pub use memory::MemoryStore;
 
