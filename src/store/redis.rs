@@ -251,7 +251,10 @@ impl RedisStore {
     pub fn lazy(url: &str, config: RedisConfig) -> Result<RedisStore, Error> {
         let (shown_url, secret) = redact(url);
         let client = redis::Client::open(url).map_err(|e| Error::Store {
-            message: format!("invalid Redis URL `{shown_url}`: {}", scrub(&e.to_string(), secret.as_deref())),
+            message: format!(
+                "invalid Redis URL `{shown_url}`: {}",
+                scrub(&e.to_string(), secret.as_deref())
+            ),
             source: None,
         })?;
         let manager_config = ConnectionManagerConfig::new()
@@ -259,10 +262,15 @@ impl RedisStore {
             .set_response_timeout(Some(config.timeout))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_secs(1));
-        let connection = ConnectionManager::new_lazy_with_config(client, manager_config)
-            .map_err(|e| Error::Store {
-                message: format!("Redis at `{shown_url}`: {}", scrub(&e.to_string(), secret.as_deref())),
-                source: None,
+        let connection =
+            ConnectionManager::new_lazy_with_config(client, manager_config).map_err(|e| {
+                Error::Store {
+                    message: format!(
+                        "Redis at `{shown_url}`: {}",
+                        scrub(&e.to_string(), secret.as_deref())
+                    ),
+                    source: None,
+                }
             })?;
         Ok(RedisStore {
             inner: Arc::new(Inner {
@@ -332,7 +340,10 @@ impl RedisStore {
             if amount.unsigned_abs() >= MAX_EXACT {
                 return Err(self.failure(
                     "amount out of range",
-                    format!("{amount} units for the {} window `{}`", bucket.currency, bucket.rate),
+                    format!(
+                        "{amount} units for the {} window `{}`",
+                        bucket.currency, bucket.rate
+                    ),
                 ));
             }
             invocation
@@ -342,7 +353,16 @@ impl RedisStore {
                 .arg(amount as i64);
         }
         let mut connection = self.inner.connection.clone();
-        let call = invocation.invoke_async::<Value>(&mut connection);
+        // A connection that broke since the last call (a restarted server) fails once, and the
+        // manager reconnects; one more try, inside the same timeout, hides that from callers.
+        let call = async {
+            match invocation.invoke_async::<Value>(&mut connection).await {
+                Err(e) if e.is_connection_dropped() || e.is_io_error() => {
+                    invocation.invoke_async::<Value>(&mut connection).await
+                }
+                other => other,
+            }
+        };
         let value = match tokio::time::timeout(self.inner.config.timeout, call).await {
             Ok(Ok(value)) => value,
             Ok(Err(e)) => return Err(self.failure("the script failed", e)),
@@ -435,7 +455,9 @@ impl RedisStore {
             Currency::Tokens => i128::from(delta) * i128::from(b.scale),
             Currency::Requests => 0,
         };
-        self.run("adjust", key, limits, amount, now_ms).await.map(|_| ())
+        self.run("adjust", key, limits, amount, now_ms)
+            .await
+            .map(|_| ())
     }
 }
 
@@ -472,7 +494,9 @@ impl Store for RedisStore {
     }
 
     async fn drain(&self, key: &str, limits: &Limits) -> Result<(), Error> {
-        self.run("drain", key, limits, |_| 0, None).await.map(|_| ())
+        self.run("drain", key, limits, |_| 0, None)
+            .await
+            .map(|_| ())
     }
 
     async fn snapshot(&self, key: &str, limits: &Limits) -> Result<Vec<Available>, Error> {
@@ -494,14 +518,26 @@ mod tests {
     fn passwords_are_redacted() {
         assert_eq!(
             redact("redis://:hunter2@localhost:6379/0"),
-            ("redis://:***@localhost:6379/0".to_owned(), Some("hunter2".to_owned()))
+            (
+                "redis://:***@localhost:6379/0".to_owned(),
+                Some("hunter2".to_owned())
+            )
         );
         assert_eq!(
             redact("rediss://alice:s3cr%40t@host"),
-            ("rediss://alice:***@host".to_owned(), Some("s3cr%40t".to_owned()))
+            (
+                "rediss://alice:***@host".to_owned(),
+                Some("s3cr%40t".to_owned())
+            )
         );
-        assert_eq!(redact("redis://localhost:6379"), ("redis://localhost:6379".to_owned(), None));
-        assert_eq!(scrub("auth hunter2 failed", Some("hunter2")), "auth *** failed");
+        assert_eq!(
+            redact("redis://localhost:6379"),
+            ("redis://localhost:6379".to_owned(), None)
+        );
+        assert_eq!(
+            scrub("auth hunter2 failed", Some("hunter2")),
+            "auth *** failed"
+        );
     }
 
     #[test]

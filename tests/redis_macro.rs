@@ -1,0 +1,44 @@
+//! The macro's process-wide registry pointed at Redis once at startup. A file of its own: the
+//! global store can be chosen only once per process.
+
+#![cfg(feature = "redis")]
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use tollgate::store::redis::RedisStore;
+use tollgate::{Limits, Store};
+
+#[tollgate::limit(
+    key = "macro-on-redis",
+    requests = "100/m",
+    tokens = "10000/d",
+    estimator = "words"
+)]
+async fn summarise(text: &str) -> Result<usize, tollgate::Error> {
+    Ok(text.len())
+}
+
+#[tokio::test]
+async fn the_global_registry_uses_the_installed_redis_store() {
+    let Some(server) = redis_server::RedisServer::start() else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    tollgate::install_store(store.clone()).unwrap();
+
+    summarise("four words of text").await.unwrap();
+    summarise("two more").await.unwrap();
+
+    // The charges are in Redis, where another process would see them (10000/d refills one
+    // token in 8.6 s, so none has come back yet).
+    let limits = Limits::parse("100/m", "10000/d").unwrap();
+    let snapshot = store.snapshot("macro-on-redis", &limits).await.unwrap();
+    let whole: Vec<i128> = snapshot.iter().map(|a| a.tokens.whole()).collect();
+    assert_eq!(whole, vec![98, 10_000 - 4 - 2]);
+    assert!(
+        server
+            .command(&["EXISTS", "{tollgate:macro-on-redis}"])
+            .contains(":1")
+    );
+}

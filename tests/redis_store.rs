@@ -1,0 +1,502 @@
+//! The Redis store against a real `redis-server`: the core promises, agreement with the
+//! in-memory store, three processes on one key, faults, passwords and expiry.
+
+#![cfg(feature = "redis")]
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use redis_server::RedisServer;
+use tollgate::bucket::Available;
+use tollgate::clock::ManualClock;
+use tollgate::store::redis::{RedisConfig, RedisStore};
+use tollgate::{Cost, Decision, Error, Limiter, Limits, MemoryStore, Store};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn connect(server: &RedisServer) -> RedisStore {
+    RedisStore::connect(&server.url()).await.unwrap()
+}
+
+fn tokens(snapshot: &[Available]) -> Vec<(i128, u64)> {
+    snapshot
+        .iter()
+        .map(|a| (a.tokens.units(), a.tokens.scale()))
+        .collect()
+}
+
+#[test]
+fn core_promises_on_redis() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let store = connect(&server).await;
+        let at = |ms| Some(ms);
+
+        // The worked example: B = 3, r = 2/s.
+        let seed = Limits::parse("2/s burst 3", "").unwrap();
+        let unit = Cost::call(0);
+        for _ in 0..3 {
+            let (d, _) = store
+                .try_acquire_at("seed", &seed, unit, at(1_000))
+                .await
+                .unwrap();
+            assert_eq!(d, Decision::Admitted);
+        }
+        let (d, _) = store
+            .try_acquire_at("seed", &seed, unit, at(1_000))
+            .await
+            .unwrap();
+        assert_eq!(d, Decision::NotYet(Duration::from_millis(500)));
+        // Refusal keeps partial credit: half a token at 0.25 s.
+        let (d, _) = store
+            .try_acquire_at("seed", &seed, unit, at(1_250))
+            .await
+            .unwrap();
+        assert_eq!(d, Decision::NotYet(Duration::from_millis(250)));
+        let half = store.snapshot_at("seed", &seed, at(1_250)).await.unwrap();
+        assert!(half[0].tokens.is(1, 2), "{:?}", half[0].tokens);
+        let (d, _) = store
+            .try_acquire_at("seed", &seed, unit, at(1_500))
+            .await
+            .unwrap();
+        assert_eq!(d, Decision::Admitted);
+        // Saturation: at 10 s, 3 and not 20.
+        let full = store.snapshot_at("seed", &seed, at(11_000)).await.unwrap();
+        assert!(full[0].tokens.is(3, 1));
+        let (d, _) = store
+            .try_acquire_at("seed", &seed, Cost::new(3, 0), at(11_000))
+            .await
+            .unwrap();
+        assert_eq!(d, Decision::Admitted);
+        let (d, _) = store
+            .try_acquire_at("seed", &seed, unit, at(11_000))
+            .await
+            .unwrap();
+        assert_eq!(d, Decision::NotYet(Duration::from_millis(500)));
+
+        // Both or none.
+        let dual = Limits::parse("10/s", "1000/m").unwrap();
+        let (d, _) = store
+            .try_acquire_at("dual", &dual, Cost::call(900), at(0))
+            .await
+            .unwrap();
+        assert_eq!(d, Decision::Admitted);
+        let (d, _) = store
+            .try_acquire_at("dual", &dual, Cost::call(150), at(0))
+            .await
+            .unwrap();
+        assert_eq!(d, Decision::NotYet(Duration::from_secs(3)));
+        let left = store.snapshot_at("dual", &dual, at(0)).await.unwrap();
+        assert!(
+            left[0].tokens.is(9, 1) && left[1].tokens.is(100, 1),
+            "{left:?}"
+        );
+
+        // Cost above capacity, at once.
+        let err = store
+            .try_acquire_at("dual", &dual, Cost::call(1001), at(0))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::CostExceedsCapacity {
+                    cost: 1001,
+                    capacity: 1000,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+
+        // Conflicting limits, naming both.
+        let other = Limits::parse("20/s", "1000/m").unwrap();
+        let err = store
+            .try_acquire_at("dual", &other, Cost::call(1), at(0))
+            .await
+            .unwrap_err();
+        match &err {
+            Error::ConflictingLimits {
+                existing,
+                requested,
+                ..
+            } => {
+                assert_eq!((existing, requested), (&dual, &other));
+            }
+            other => panic!("expected ConflictingLimits, got {other:?}"),
+        }
+        // Nothing was charged by the refusals.
+        let left = store.snapshot_at("dual", &dual, at(0)).await.unwrap();
+        assert!(
+            left[0].tokens.is(9, 1) && left[1].tokens.is(100, 1),
+            "{left:?}"
+        );
+    });
+}
+
+/// A small deterministic generator, so that a failing trace can be replayed.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, below: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % below
+    }
+}
+
+#[test]
+fn script_decides_like_the_memory_store_on_the_same_trace() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let configs = [
+        ("5/s burst 10", "1000/m"),
+        ("3/7s", "100/s burst 250; 2000/h"),
+        ("60/m; 1000/d", "7/s burst 20"),
+        ("1/s", ""),
+        ("", "100000/m"),
+    ];
+    runtime().block_on(async {
+        let redis = connect(&server).await;
+        let mut rng = Lcg(7);
+        for (n, (requests, token_rates)) in configs.iter().enumerate() {
+            let limits = Limits::parse(requests, token_rates).unwrap();
+            let clock = ManualClock::new();
+            let memory = MemoryStore::with_clock(clock.clone());
+            let key = format!("trace-{n}");
+            let mut now_ms = 0u64;
+            let max_tokens = limits.tokens().capacity().unwrap_or(0);
+            let max_requests = limits.requests().capacity().unwrap_or(1).min(3);
+            for step in 0..300 {
+                if rng.next(2) == 0 {
+                    now_ms += rng.next(1500);
+                }
+                let cost = Cost::new(
+                    1 + rng.next(max_requests),
+                    if max_tokens > 0 {
+                        1 + rng.next(max_tokens)
+                    } else {
+                        0
+                    },
+                );
+                clock.set(Duration::from_millis(now_ms)).unwrap();
+                let expected = memory.try_acquire_now(&key, &limits, cost).unwrap();
+                let (got, _) = redis
+                    .try_acquire_at(&key, &limits, cost, Some(now_ms))
+                    .await
+                    .unwrap();
+                // Hints agree once the memory store's nanoseconds are rounded up to the ms.
+                let expected = match expected {
+                    Decision::NotYet(d) => Decision::NotYet(Duration::from_millis(
+                        d.as_nanos().div_ceil(1_000_000) as u64,
+                    )),
+                    admitted => admitted,
+                };
+                assert_eq!(
+                    got, expected,
+                    "{key} step {step} at {now_ms} ms, cost {cost}"
+                );
+                let (a, b) = (
+                    memory.snapshot_now(&key, &limits).unwrap(),
+                    redis
+                        .snapshot_at(&key, &limits, Some(now_ms))
+                        .await
+                        .unwrap(),
+                );
+                for (x, y) in a.iter().zip(&b) {
+                    assert_eq!(
+                        x.tokens,
+                        y.tokens,
+                        "{key} step {step}: {:?} vs {:?}",
+                        tokens(&a),
+                        tokens(&b)
+                    );
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn keys_expire_when_their_buckets_are_full_again() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let store = connect(&server).await;
+        let limits = Limits::parse("10/m", "").unwrap();
+        let (d, _) = store
+            .try_acquire_at("expiring", &limits, Cost::new(4, 0), None)
+            .await
+            .unwrap();
+        assert_eq!(d, Decision::Admitted);
+        // 4 requests at 10/m take 24 s to come back: the key lives that long, and no longer.
+        let ttl: i64 = server
+            .command(&["PTTL", &store.redis_key("expiring")])
+            .trim()
+            .trim_start_matches(':')
+            .parse()
+            .unwrap();
+        assert!((23_000..=24_001).contains(&ttl), "PTTL {ttl}");
+        assert_eq!(store.redis_key("expiring"), "{tollgate:expiring}");
+    });
+}
+
+/// Records the server time of every admission, around the real store.
+struct Recording {
+    store: RedisStore,
+    admitted_at: Mutex<Vec<u64>>,
+}
+
+impl Store for Recording {
+    async fn try_acquire(&self, key: &str, limits: &Limits, cost: Cost) -> Result<Decision, Error> {
+        let (decision, now_ms) = self.store.try_acquire_at(key, limits, cost, None).await?;
+        if decision.is_admitted() {
+            self.admitted_at.lock().unwrap().push(now_ms);
+        }
+        Ok(decision)
+    }
+    async fn adjust(&self, key: &str, limits: &Limits, delta: i64) -> Result<(), Error> {
+        self.store.adjust(key, limits, delta).await
+    }
+    async fn drain(&self, key: &str, limits: &Limits) -> Result<(), Error> {
+        self.store.drain(key, limits).await
+    }
+    async fn snapshot(&self, key: &str, limits: &Limits) -> Result<Vec<Available>, Error> {
+        self.store.snapshot(key, limits).await
+    }
+}
+
+const WORKER_CALLS: usize = 20;
+
+/// Run by `three_processes_share_one_key` in child processes: 20 calls on the shared key,
+/// printing the server time of each admission.
+#[test]
+#[ignore = "a worker process for three_processes_share_one_key"]
+fn worker_process() {
+    let url = std::env::var("TOLLGATE_WORKER_REDIS").expect("started by the parent test");
+    runtime().block_on(async {
+        let store = Recording {
+            store: RedisStore::connect(&url).await.unwrap(),
+            admitted_at: Mutex::new(Vec::new()),
+        };
+        let limiter =
+            Limiter::new("shared", Limits::parse("50/s burst 10", "").unwrap(), store).unwrap();
+        for _ in 0..WORKER_CALLS {
+            limiter.acquire(Cost::call(0)).await.unwrap();
+        }
+        let times = limiter.store().admitted_at.lock().unwrap().clone();
+        assert_eq!(times.len(), WORKER_CALLS);
+        for t in times {
+            println!("ADMIT {t}");
+        }
+    });
+}
+
+#[test]
+fn three_processes_share_one_key() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let exe = std::env::current_exe().unwrap();
+    let workers: Vec<_> = (0..3)
+        .map(|_| {
+            std::process::Command::new(&exe)
+                .args([
+                    "worker_process",
+                    "--exact",
+                    "--ignored",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env("TOLLGATE_WORKER_REDIS", server.url())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut times = Vec::new();
+    for worker in workers {
+        let output = worker.wait_with_output().unwrap();
+        assert!(output.status.success(), "a worker failed");
+        times.extend(
+            String::from_utf8_lossy(&output.stdout)
+                .lines()
+                // The harness prints "test worker_process ... " without a newline first.
+                .filter_map(|l| l.split_once("ADMIT ").map(|(_, t)| t))
+                .map(|t| t.trim().parse::<u64>().unwrap()),
+        );
+    }
+    assert_eq!(times.len(), 3 * WORKER_CALLS);
+    times.sort_unstable();
+    // Over every interval between admissions, on Redis's own clock: count ≤ 10 + 50·dt.
+    for i in 0..times.len() {
+        for j in i..times.len() {
+            let count = (j - i + 1) as u64;
+            let dt_ms = times[j] - times[i];
+            assert!(
+                count * 1000 <= 10 * 1000 + 50 * dt_ms,
+                "{count} admissions in {dt_ms} ms"
+            );
+        }
+    }
+    // And the pacing is tight: 50 past the burst at 50/s is 1 s.
+    let span = times[times.len() - 1] - times[0];
+    assert!((1000..1400).contains(&span), "60 admissions took {span} ms");
+}
+
+#[test]
+fn faults_are_errors_within_the_timeout_and_recovery_is_silent() {
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let config = RedisConfig {
+            timeout: Duration::from_millis(300),
+            ..RedisConfig::default()
+        };
+        let store = RedisStore::connect_with(&server.url(), config)
+            .await
+            .unwrap();
+        let limits = Limits::parse("100/s", "").unwrap();
+        let call = Cost::call(0);
+        assert!(
+            store
+                .try_acquire("k", &limits, call)
+                .await
+                .unwrap()
+                .is_admitted()
+        );
+
+        // SCRIPT FLUSH mid-run: the next call reloads the script without an error.
+        assert!(server.command(&["SCRIPT", "FLUSH"]).contains("OK"));
+        assert!(
+            store
+                .try_acquire("k", &limits, call)
+                .await
+                .unwrap()
+                .is_admitted()
+        );
+
+        // The server dies: errors, within the timeout, and never an admission.
+        server.kill();
+        for _ in 0..3 {
+            let started = Instant::now();
+            let result = store.try_acquire("k", &limits, call).await;
+            let took = started.elapsed();
+            assert!(matches!(result, Err(Error::Store { .. })), "{result:?}");
+            // The timeout bounds the call; the slack is for scheduling, not for waiting.
+            assert!(
+                took < Duration::from_millis(300) + Duration::from_millis(200),
+                "took {took:?}"
+            );
+        }
+
+        // It comes back: the next calls pass.
+        server.restart();
+        assert!(
+            store
+                .try_acquire("k", &limits, call)
+                .await
+                .unwrap()
+                .is_admitted()
+        );
+        assert!(
+            store
+                .try_acquire("k", &limits, call)
+                .await
+                .unwrap()
+                .is_admitted()
+        );
+    });
+}
+
+#[test]
+fn fail_open_admits_with_a_warning_when_redis_is_down() {
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let config = RedisConfig {
+            timeout: Duration::from_millis(200),
+            fail_open: true,
+            ..RedisConfig::default()
+        };
+        let store = RedisStore::connect_with(&server.url(), config)
+            .await
+            .unwrap();
+        let limits = Limits::parse("1/m", "").unwrap();
+        assert!(
+            store
+                .try_acquire("k", &limits, Cost::call(0))
+                .await
+                .unwrap()
+                .is_admitted()
+        );
+        // Up, the limit holds even in fail-open mode.
+        assert!(
+            !store
+                .try_acquire("k", &limits, Cost::call(0))
+                .await
+                .unwrap()
+                .is_admitted()
+        );
+        server.kill();
+        assert!(
+            store
+                .try_acquire("k", &limits, Cost::call(0))
+                .await
+                .unwrap()
+                .is_admitted()
+        );
+    });
+}
+
+#[test]
+fn passwords_work_and_are_never_shown() {
+    let secret = "correct-horse-battery-staple";
+    let Some(server) = RedisServer::start_with(&["--requirepass", secret]) else {
+        return;
+    };
+    runtime().block_on(async {
+        let good = format!("redis://:{secret}@127.0.0.1:{}", server.port);
+        let store = RedisStore::connect(&good).await.unwrap();
+        let limits = Limits::parse("5/s", "").unwrap();
+        assert!(
+            store
+                .try_acquire("k", &limits, Cost::call(0))
+                .await
+                .unwrap()
+                .is_admitted()
+        );
+        let shown = format!("{store:?}");
+        assert!(
+            !shown.contains(secret) && shown.contains(":***@"),
+            "{shown}"
+        );
+
+        let wrong = "wrong-password-12345";
+        let bad = format!("redis://:{wrong}@127.0.0.1:{}", server.port);
+        let err = RedisStore::connect(&bad).await.unwrap_err();
+        let message = format!("{err} {err:?}");
+        assert!(!message.contains(wrong), "{message}");
+        assert!(message.contains(":***@127.0.0.1"), "{message}");
+
+        let none = format!("redis://127.0.0.1:{}", server.port);
+        let store = RedisStore::connect_with(&none, RedisConfig::default()).await;
+        assert!(store.is_err(), "no password: NOAUTH");
+    });
+}
