@@ -1,0 +1,147 @@
+//! One acquire round trip against a local Redis, beside a plain `PING` round trip in the same
+//! group, and the throughput of acquires with 1 and 50 concurrent tasks.
+//!
+//! Uses `TOLLGATE_BENCH_REDIS` (a URL) when set; otherwise starts a redis-server of its own on
+//! a free loopback port.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use tollgate::store::redis::RedisStore;
+use tollgate::{Cost, Limits, Store};
+
+struct Server(Option<Child>);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn server() -> (Server, String) {
+    if let Ok(url) = std::env::var("TOLLGATE_BENCH_REDIS") {
+        return (Server(None), url);
+    }
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("redis-server is installed (or set TOLLGATE_BENCH_REDIS)");
+    (Server(Some(child)), format!("redis://127.0.0.1:{port}"))
+}
+
+fn round_trips(c: &mut Criterion) {
+    let (_server, url) = server();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = runtime.block_on(async {
+        for _ in 0..200 {
+            if let Ok(store) = RedisStore::connect(&url).await {
+                return store;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("redis at {url} did not answer");
+    });
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let ping_connection = runtime
+        .block_on(client.get_multiplexed_async_connection())
+        .unwrap();
+    // Never refused: the bench measures the round trip, not waiting.
+    let limits = Arc::new(Limits::parse("1000000000/s", "1000000000000/s").unwrap());
+
+    let mut group = c.benchmark_group("redis_round_trip");
+    group.bench_function("ping", |b| {
+        b.iter_custom(|iters| {
+            let mut connection = ping_connection.clone();
+            runtime.block_on(async move {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    let _: String = redis::cmd("PING")
+                        .query_async(&mut connection)
+                        .await
+                        .unwrap();
+                }
+                start.elapsed()
+            })
+        })
+    });
+    group.bench_function("acquire_two_buckets", |b| {
+        b.iter_custom(|iters| {
+            let (store, limits) = (store.clone(), Arc::clone(&limits));
+            runtime.block_on(async move {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    let decision = store
+                        .try_acquire("bench", &limits, Cost::call(700))
+                        .await
+                        .unwrap();
+                    assert!(decision.is_admitted());
+                }
+                start.elapsed()
+            })
+        })
+    });
+    group.finish();
+
+    let mut group = c.benchmark_group("redis_acquire_throughput");
+    group.throughput(Throughput::Elements(1));
+    for tasks in [1u64, 50] {
+        group.bench_function(format!("{tasks}_tasks"), |b| {
+            b.iter_custom(|iters| {
+                let (store, limits) = (store.clone(), Arc::clone(&limits));
+                runtime.block_on(async move {
+                    let per_task = iters.div_ceil(tasks);
+                    let start = Instant::now();
+                    let handles: Vec<_> = (0..tasks)
+                        .map(|_| {
+                            let (store, limits) = (store.clone(), Arc::clone(&limits));
+                            tokio::spawn(async move {
+                                for _ in 0..per_task {
+                                    store
+                                        .try_acquire("bench", &limits, Cost::call(700))
+                                        .await
+                                        .unwrap();
+                                }
+                            })
+                        })
+                        .collect();
+                    for handle in handles {
+                        handle.await.unwrap();
+                    }
+                    // Time per acquire, as if exactly `iters` were made.
+                    start
+                        .elapsed()
+                        .mul_f64(iters as f64 / (per_task * tasks) as f64)
+                })
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, round_trips);
+criterion_main!(benches);
