@@ -82,3 +82,8 @@ pub use tollgate_macros::limit;
 pub mod __private {
     pub use crate::macro_support::*;
 }
+
+/// The README's examples, compiled and run as doctests so that they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
