@@ -500,3 +500,124 @@ fn passwords_work_and_are_never_shown() {
         assert!(store.is_err(), "no password: NOAUTH");
     });
 }
+
+/// A CA and a server certificate for 127.0.0.1, made with the `openssl` command.
+#[cfg(feature = "redis-tls")]
+fn certificates(dir: &std::path::Path) -> Option<()> {
+    let run = |args: &[&str]| {
+        std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .ok()?;
+    let made = run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=tollgate test CA",
+    ]) && run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]) && run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    ]);
+    if made {
+        return Some(());
+    }
+    if std::env::var_os("TOLLGATE_REQUIRE_REDIS").is_some() {
+        panic!("the openssl command is needed to make test certificates (apt-get install openssl)");
+    }
+    eprintln!("SKIPPED: the openssl command could not make test certificates");
+    None
+}
+
+#[cfg(feature = "redis-tls")]
+#[test]
+fn rediss_with_a_private_ca_and_a_password() {
+    let dir = std::env::temp_dir().join(format!("tollgate-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    if certificates(&dir).is_none() {
+        return;
+    }
+    let path = |f: &str| dir.join(f).display().to_string();
+    let secret = "tls-secret-password";
+    let tls_port = redis_server::free_port().to_string();
+    let Some(_server) = RedisServer::start_with(&[
+        "--tls-port",
+        &tls_port,
+        "--tls-cert-file",
+        &path("server.crt"),
+        "--tls-key-file",
+        &path("server.key"),
+        "--tls-ca-cert-file",
+        &path("ca.crt"),
+        "--tls-auth-clients",
+        "no",
+        "--requirepass",
+        secret,
+    ]) else {
+        return;
+    };
+    runtime().block_on(async {
+        let url = format!("rediss://:{secret}@127.0.0.1:{tls_port}");
+        let config = RedisConfig {
+            tls_ca_file: Some(dir.join("ca.crt")),
+            ..RedisConfig::default()
+        };
+        let store = RedisStore::connect_with(&url, config).await.unwrap();
+        let limits = Limits::parse("5/s", "").unwrap();
+        assert!(
+            store
+                .try_acquire("tls", &limits, Cost::call(0))
+                .await
+                .unwrap()
+                .is_admitted()
+        );
+
+        // Without the private CA the certificate is not trusted: an error, without the password.
+        let err = RedisStore::connect(&url).await.unwrap_err();
+        let message = format!("{err} {err:?}");
+        assert!(matches!(err, Error::Store { .. }));
+        assert!(!message.contains(secret), "{message}");
+    });
+    std::fs::remove_dir_all(&dir).unwrap();
+}

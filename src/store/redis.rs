@@ -58,6 +58,9 @@ pub struct RedisConfig {
     pub timeout: Duration,
     /// Admit (with a warning) instead of failing when Redis can't be reached. Default false.
     pub fail_open: bool,
+    /// For `rediss://` URLs: a PEM file of the certificate authority to trust instead of the
+    /// system's roots (a private CA, a self-signed server). Needs the `redis-tls` feature.
+    pub tls_ca_file: Option<std::path::PathBuf>,
 }
 
 impl Default for RedisConfig {
@@ -66,6 +69,7 @@ impl Default for RedisConfig {
             prefix: "tollgate".to_owned(),
             timeout: Duration::from_secs(1),
             fail_open: false,
+            tls_ca_file: None,
         }
     }
 }
@@ -234,7 +238,8 @@ impl RedisStore {
     /// Connects with the default [`RedisConfig`], checking that the server answers.
     ///
     /// `url` is `redis://[user:password@]host[:port][/db]`, or `rediss://` for TLS (with the
-    /// `redis-tls` feature). The password never appears in an error or a log.
+    /// `redis-tls` feature; see [`RedisConfig::tls_ca_file`] for a private CA). The password
+    /// never appears in an error or a log.
     pub async fn connect(url: &str) -> Result<RedisStore, Error> {
         RedisStore::connect_with(url, RedisConfig::default()).await
     }
@@ -250,10 +255,10 @@ impl RedisStore {
     /// programs that start before their Redis does.
     pub fn lazy(url: &str, config: RedisConfig) -> Result<RedisStore, Error> {
         let (shown_url, secret) = redact(url);
-        let client = redis::Client::open(url).map_err(|e| Error::Store {
+        let client = open_client(url, &config).map_err(|reason| Error::Store {
             message: format!(
-                "invalid Redis URL `{shown_url}`: {}",
-                scrub(&e.to_string(), secret.as_deref())
+                "Redis at `{shown_url}`: {}",
+                scrub(&reason, secret.as_deref())
             ),
             source: None,
         })?;
@@ -459,6 +464,31 @@ impl RedisStore {
             .await
             .map(|_| ())
     }
+}
+
+/// A client for `url`, trusting `config.tls_ca_file` when one is given.
+fn open_client(url: &str, config: &RedisConfig) -> Result<redis::Client, String> {
+    #[cfg(feature = "redis-tls")]
+    {
+        // rustls needs a process-wide crypto provider; ring is the one this crate brings. An
+        // application that installed its own keeps it.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        if let Some(path) = &config.tls_ca_file {
+            let pem = std::fs::read(path)
+                .map_err(|e| format!("could not read the CA file `{}`: {e}", path.display()))?;
+            let certificates = redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem),
+            };
+            return redis::Client::build_with_tls(url, certificates)
+                .map_err(|e| format!("invalid Redis URL or CA: {e}"));
+        }
+    }
+    #[cfg(not(feature = "redis-tls"))]
+    if config.tls_ca_file.is_some() || url.starts_with("rediss://") {
+        return Err("TLS (rediss:// or a CA file) needs tollgate's `redis-tls` feature".to_owned());
+    }
+    redis::Client::open(url).map_err(|e| format!("invalid Redis URL: {e}"))
 }
 
 /// Reads back the canonical text `Limits` displays as, for a conflict message.
