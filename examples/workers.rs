@@ -45,6 +45,9 @@ impl Store for Recording {
     async fn drain(&self, key: &str, limits: &Limits) -> Result<(), Error> {
         self.store.drain(key, limits).await
     }
+    async fn penalize(&self, key: &str, limits: &Limits, pause: Duration) -> Result<(), Error> {
+        self.store.penalize(key, limits, pause).await
+    }
     async fn snapshot(&self, key: &str, limits: &Limits) -> Result<Vec<Available>, Error> {
         self.store.snapshot(key, limits).await
     }

@@ -386,6 +386,8 @@ impl Bucket {
 #[derive(Debug, Clone)]
 pub struct Buckets {
     buckets: Vec<(Currency, Bucket)>,
+    /// No call passes before this instant: a provider said 429 with a Retry-After.
+    paused_until: Nanos,
 }
 
 impl Buckets {
@@ -402,6 +404,7 @@ impl Buckets {
             buckets: windows(Currency::Requests)
                 .chain(windows(Currency::Tokens))
                 .collect(),
+            paused_until: Nanos(0),
         }
     }
 
@@ -434,7 +437,7 @@ impl Buckets {
     /// and answers the exact wait until all of them could.
     pub fn try_take(&mut self, now: Nanos, cost: Cost) -> Result<Decision, BucketError> {
         self.check_time(now)?;
-        let mut wait = Duration::ZERO;
+        let mut wait = Duration::from_nanos(self.paused_until.0.saturating_sub(now.0));
         for (currency, bucket) in &self.buckets {
             let amount = cost.of(*currency);
             Bucket::validate(&bucket.rate, *currency, amount)?;
@@ -450,9 +453,10 @@ impl Buckets {
         Ok(Decision::Admitted)
     }
 
-    /// True when every bucket is full at `now`.
+    /// True when every bucket is full at `now` and no pause is in force: the state carries no
+    /// information and may be forgotten.
     pub fn is_full(&self, now: Nanos) -> bool {
-        self.buckets.iter().all(|(_, bucket)| bucket.is_full(now))
+        now >= self.paused_until && self.buckets.iter().all(|(_, bucket)| bucket.is_full(now))
     }
 
     /// Adds `delta` to every bucket of `currency` (see [`Bucket::adjust`]).
@@ -478,6 +482,19 @@ impl Buckets {
             bucket.drain(now)?;
         }
         Ok(())
+    }
+
+    /// What a provider's 429 means: empties every bucket and admits nothing before `until`.
+    /// A longer pause already in force wins. The buckets refill during the pause as always.
+    pub fn penalize(&mut self, now: Nanos, until: Nanos) -> Result<(), BucketError> {
+        self.drain(now)?;
+        self.paused_until = self.paused_until.max(until);
+        Ok(())
+    }
+
+    /// The instant before which nothing passes (at or before any time when there is no pause).
+    pub fn paused_until(&self) -> Nanos {
+        self.paused_until
     }
 
     /// The tokens every window holds at `now`.

@@ -63,6 +63,7 @@ mod limiter;
 mod macro_support;
 pub mod rate;
 mod registry;
+mod retry_after;
 pub mod store;
 
 pub use backoff::Backoff;
@@ -71,6 +72,7 @@ pub use error::Error;
 pub use limiter::{Attempt, Limiter, LimiterBuilder, Permit, WaitPolicy, default_estimator};
 pub use rate::{Currency, Limits, Rate, RateError, Rates};
 pub use registry::{Registry, install_store};
+pub use retry_after::parse_retry_after;
 pub use store::{AnyStore, MemoryStore, Store};
 /// The estimators crate: token counts from a call's arguments.
 pub use tollgate_estimators as estimators;

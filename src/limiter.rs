@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::time::Instant;
 use tollgate_estimators::{Estimate, Estimator};
+use tracing::Instrument;
 
 use crate::backoff::Backoff;
 use crate::bucket::{Available, Buckets, Cost, Decision};
@@ -75,6 +76,34 @@ struct Inner<S> {
     /// Counts calls, so that the registry can tell a key that went quiet without a clock read
     /// on the hot path.
     uses: AtomicU64,
+    /// Metric handles, registered once at first use (so increments never allocate).
+    meters: OnceLock<Meters>,
+}
+
+/// The metrics of one key, through the `metrics` facade. Without an installed recorder these
+/// are no-ops; install the recorder before the first limited call, since a limiter registers
+/// its handles once.
+struct Meters {
+    admitted: metrics::Counter,
+    tokens: metrics::Counter,
+    waited: metrics::Histogram,
+    timeouts: metrics::Counter,
+    penalties: metrics::Counter,
+    settlements: metrics::Counter,
+}
+
+impl Meters {
+    fn new(key: &str) -> Meters {
+        let key = key.to_owned();
+        Meters {
+            admitted: metrics::counter!("tollgate_calls_admitted_total", "key" => key.clone()),
+            tokens: metrics::counter!("tollgate_tokens_charged_total", "key" => key.clone()),
+            waited: metrics::histogram!("tollgate_wait_seconds", "key" => key.clone()),
+            timeouts: metrics::counter!("tollgate_timeouts_total", "key" => key.clone()),
+            penalties: metrics::counter!("tollgate_penalties_total", "key" => key.clone()),
+            settlements: metrics::counter!("tollgate_settlements_total", "key" => key),
+        }
+    }
 }
 
 impl<S: Store> Clone for Limiter<S> {
@@ -143,6 +172,36 @@ impl<S: Store> Permit<S> {
     /// The limiter that admitted the call.
     pub fn limiter(&self) -> &Limiter<S> {
         &self.limiter
+    }
+
+    /// Settles the estimate against the tokens the response says were used: a call that used
+    /// more is charged the difference (the token windows may go into debt, so later calls pay
+    /// for the underestimate); one that used less is refunded it (never above capacity).
+    /// Answers the adjustment made: positive for a refund, negative for a charge.
+    ///
+    /// ```
+    /// use tollgate::{Cost, Limiter, Limits};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tollgate::Error> {
+    /// let limiter = Limiter::builder("k", Limits::parse("", "1000/d")?).build()?;
+    /// let permit = limiter.acquire(Cost::call(300)).await?;
+    /// // The response reported 420 tokens: 120 more are charged.
+    /// assert_eq!(permit.settle(420).await?, -120);
+    /// assert_eq!(limiter.snapshot().await?[0].tokens.whole(), 580);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn settle(self, actual_tokens: u64) -> Result<i64, Error> {
+        let inner = &self.limiter.inner;
+        let delta = i128::from(self.cost.tokens) - i128::from(actual_tokens);
+        if delta == 0 || inner.limits.tokens().is_empty() {
+            return Ok(0);
+        }
+        let delta = i64::try_from(delta).unwrap_or(if delta > 0 { i64::MAX } else { i64::MIN });
+        inner.store.adjust(&inner.key, &inner.limits, delta).await?;
+        self.limiter.meters().settlements.increment(1);
+        Ok(delta)
     }
 }
 
@@ -254,6 +313,7 @@ impl<S: Store> LimiterBuilder<S> {
                 queue: tokio::sync::Mutex::new(()),
                 waiters: AtomicUsize::new(0),
                 uses: AtomicU64::new(0),
+                meters: OnceLock::new(),
             }),
         })
     }
@@ -362,6 +422,26 @@ impl<S: Store> Limiter<S> {
         self.inner.waiters.load(Ordering::Acquire)
     }
 
+    fn meters(&self) -> &Meters {
+        self.inner
+            .meters
+            .get_or_init(|| Meters::new(&self.inner.key))
+    }
+
+    /// What a provider's 429 means for this key: empties its windows and admits nothing on it
+    /// for `retry_after`, for every waiter (and, on a shared store, every process). A longer
+    /// pause already in force wins. See [`parse_retry_after`](crate::parse_retry_after) for the
+    /// header.
+    pub async fn penalize(&self, retry_after: Duration) -> Result<(), Error> {
+        self.inner
+            .store
+            .penalize(&self.inner.key, &self.inner.limits, retry_after)
+            .await?;
+        self.meters().penalties.increment(1);
+        tracing::warn!(key = %self.inner.key, ?retry_after, "the provider refused a call; pausing the key");
+        Ok(())
+    }
+
     pub(crate) fn uses(&self) -> u64 {
         self.inner.uses.load(Ordering::Relaxed)
     }
@@ -384,6 +464,10 @@ impl<S: Store> Limiter<S> {
     }
 
     fn permit(&self, cost: Cost, waited: Duration) -> Permit<S> {
+        let meters = self.meters();
+        meters.admitted.increment(1);
+        meters.tokens.increment(cost.tokens);
+        meters.waited.record(waited.as_secs_f64());
         Permit {
             limiter: self.clone(),
             cost,
@@ -440,6 +524,7 @@ impl<S: Store> Limiter<S> {
     }
 
     fn timeout(&self, start: Instant, needed: Option<Duration>) -> Error {
+        self.meters().timeouts.increment(1);
         Error::Timeout {
             key: self.inner.key.clone(),
             waited: Instant::now().saturating_duration_since(start),
@@ -448,6 +533,23 @@ impl<S: Store> Limiter<S> {
     }
 
     async fn wait(
+        &self,
+        cost: Cost,
+        start: Instant,
+        deadline: Option<Instant>,
+    ) -> Result<Permit<S>, Error> {
+        let span = tracing::debug_span!(
+            "tollgate.acquire",
+            key = %self.inner.key,
+            requests = cost.requests,
+            tokens = cost.tokens
+        );
+        self.wait_inner(cost, start, deadline)
+            .instrument(span)
+            .await
+    }
+
+    async fn wait_inner(
         &self,
         cost: Cost,
         start: Instant,

@@ -152,6 +152,25 @@ impl Registry {
         Ok(limiter)
     }
 
+    /// Penalizes `key` (see [`Limiter::penalize`]) if it is live here; answers whether it was.
+    pub async fn penalize(
+        &self,
+        key: &str,
+        retry_after: std::time::Duration,
+    ) -> Result<bool, Error> {
+        let limiter = self
+            .state
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .limiters
+            .get(key)
+            .map(|entry| entry.limiter.clone());
+        match limiter {
+            Some(limiter) => limiter.penalize(retry_after).await.map(|()| true),
+            None => Ok(false),
+        }
+    }
+
     /// How many keys the registry holds.
     pub fn len(&self) -> usize {
         self.state

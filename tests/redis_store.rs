@@ -275,6 +275,9 @@ impl Store for Recording {
     async fn drain(&self, key: &str, limits: &Limits) -> Result<(), Error> {
         self.store.drain(key, limits).await
     }
+    async fn penalize(&self, key: &str, limits: &Limits, pause: Duration) -> Result<(), Error> {
+        self.store.penalize(key, limits, pause).await
+    }
     async fn snapshot(&self, key: &str, limits: &Limits) -> Result<Vec<Available>, Error> {
         self.store.snapshot(key, limits).await
     }
@@ -620,4 +623,67 @@ fn rediss_with_a_private_ca_and_a_password() {
         assert!(!message.contains(secret), "{message}");
     });
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn penalties_and_settlements_on_redis() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let store = connect(&server).await;
+        let limits = Limits::parse("2/s", "1000/m").unwrap();
+        let at = |ms| Some(ms);
+        let (d, _) = store
+            .try_acquire_at("p", &limits, Cost::call(100), at(1_000))
+            .await
+            .unwrap();
+        assert_eq!(d, Decision::Admitted);
+
+        // A 429 with Retry-After 2.5 s: drained, and nothing passes before 3.5 s.
+        store
+            .penalize_at("p", &limits, Duration::from_millis(2_500), at(1_000))
+            .await
+            .unwrap();
+        let (d, _) = store
+            .try_acquire_at("p", &limits, Cost::call(1), at(1_000))
+            .await
+            .unwrap();
+        assert_eq!(d, Decision::NotYet(Duration::from_millis(2_500)));
+        // A shorter pause does not shorten it.
+        store
+            .penalize_at("p", &limits, Duration::from_millis(500), at(2_000))
+            .await
+            .unwrap();
+        let (d, _) = store
+            .try_acquire_at("p", &limits, Cost::call(1), at(3_499))
+            .await
+            .unwrap();
+        assert_eq!(d, Decision::NotYet(Duration::from_millis(1)));
+        // The buckets refilled during the pause (from the drain at 2 s).
+        let (d, _) = store
+            .try_acquire_at("p", &limits, Cost::call(1), at(3_500))
+            .await
+            .unwrap();
+        assert_eq!(d, Decision::Admitted);
+
+        // Settling: an underestimate of 300 goes into debt, a refund stops at capacity.
+        let settle = Limits::parse("", "1000/m").unwrap();
+        let (d, _) = store
+            .try_acquire_at("s", &settle, Cost::call(900), at(0))
+            .await
+            .unwrap();
+        assert_eq!(d, Decision::Admitted);
+        store.adjust_at("s", &settle, -400, at(0)).await.unwrap();
+        let left = store.snapshot_at("s", &settle, at(0)).await.unwrap();
+        assert!(left[0].tokens.is(-300, 1), "{:?}", left[0].tokens);
+        let (d, _) = store
+            .try_acquire_at("s", &settle, Cost::call(100), at(0))
+            .await
+            .unwrap();
+        assert_eq!(d, Decision::NotYet(Duration::from_secs(24)));
+        store.adjust_at("s", &settle, 5_000, at(0)).await.unwrap();
+        let left = store.snapshot_at("s", &settle, at(0)).await.unwrap();
+        assert!(left[0].tokens.is(1000, 1), "{:?}", left[0].tokens);
+    });
 }

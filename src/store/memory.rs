@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use crate::bucket::{Available, Buckets, Cost, Decision, Nanos};
 use crate::clock::{Clock, ManualClock};
@@ -210,6 +211,15 @@ impl MemoryStore {
         self.with_entry(key, limits, |buckets, now| buckets.drain(now))
     }
 
+    /// Empties every window of `key` and admits nothing on it for `pause` (a longer pause
+    /// already in force wins).
+    pub fn penalize_now(&self, key: &str, limits: &Limits, pause: Duration) -> Result<(), Error> {
+        self.with_entry(key, limits, |buckets, now| {
+            let until = Nanos(now.0.saturating_add(Nanos::from_duration(pause).0));
+            buckets.penalize(now, until)
+        })
+    }
+
     /// How many keys the store holds state for: keys whose buckets are full may already have
     /// been forgotten, and are forgotten at the latest when their shard next grows.
     pub fn len(&self) -> usize {
@@ -272,6 +282,10 @@ impl Store for MemoryStore {
 
     async fn drain(&self, key: &str, limits: &Limits) -> Result<(), Error> {
         self.drain_now(key, limits)
+    }
+
+    async fn penalize(&self, key: &str, limits: &Limits, pause: Duration) -> Result<(), Error> {
+        self.penalize_now(key, limits, pause)
     }
 
     async fn snapshot(&self, key: &str, limits: &Limits) -> Result<Vec<Available>, Error> {

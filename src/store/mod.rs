@@ -7,6 +7,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::bucket::{Available, Cost, Decision};
 use crate::error::Error;
@@ -45,6 +46,15 @@ pub trait Store: Send + Sync + 'static {
     /// Empties every window of `key`.
     fn drain(&self, key: &str, limits: &Limits) -> impl Future<Output = Result<(), Error>> + Send;
 
+    /// Empties every window of `key` and admits nothing on it for `pause` (the provider said
+    /// 429 with a Retry-After); a longer pause already in force wins.
+    fn penalize(
+        &self,
+        key: &str,
+        limits: &Limits,
+        pause: Duration,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+
     /// What every window of `key` holds now.
     fn snapshot(
         &self,
@@ -79,6 +89,13 @@ pub trait DynStore: Send + Sync + 'static {
         key: &'a str,
         limits: &'a Limits,
     ) -> BoxFuture<'a, Result<(), Error>>;
+    /// See [`Store::penalize`].
+    fn penalize_dyn<'a>(
+        &'a self,
+        key: &'a str,
+        limits: &'a Limits,
+        pause: Duration,
+    ) -> BoxFuture<'a, Result<(), Error>>;
     /// See [`Store::snapshot`].
     fn snapshot_dyn<'a>(
         &'a self,
@@ -110,6 +127,14 @@ impl<S: Store> DynStore for S {
         limits: &'a Limits,
     ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(self.drain(key, limits))
+    }
+    fn penalize_dyn<'a>(
+        &'a self,
+        key: &'a str,
+        limits: &'a Limits,
+        pause: Duration,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(self.penalize(key, limits, pause))
     }
     fn snapshot_dyn<'a>(
         &'a self,
@@ -179,6 +204,13 @@ impl Store for AnyStore {
         match self {
             AnyStore::Memory(store) => store.drain_now(key, limits),
             AnyStore::Custom(store) => store.drain_dyn(key, limits).await,
+        }
+    }
+
+    async fn penalize(&self, key: &str, limits: &Limits, pause: Duration) -> Result<(), Error> {
+        match self {
+            AnyStore::Memory(store) => store.penalize_now(key, limits, pause),
+            AnyStore::Custom(store) => store.penalize_dyn(key, limits, pause).await,
         }
     }
 

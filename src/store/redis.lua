@@ -1,16 +1,18 @@
 -- tollgate: check and charge every bucket of one key, all or nothing, in one round trip.
 --
 -- KEYS[1]  the key's hash, `{prefix:key}`
--- ARGV[1]  operation: "acquire", "adjust", "drain" or "snapshot"
+-- ARGV[1]  operation: "acquire", "adjust", "drain", "penalize" or "snapshot"
 -- ARGV[2]  the limits' canonical text: a key holding other limits is refused
 -- ARGV[3]  the time in milliseconds, or "" for the server's TIME (tests pass explicit times)
--- ARGV[4]  the number of buckets k; then for each bucket, four integers:
+-- ARGV[4]  the number of buckets k
+-- ARGV[5]  for "penalize", the pause in milliseconds (else 0)
+--          then for each bucket, four integers:
 --          scale S (units per token), refill n (units per millisecond),
 --          capacity C = burst * S, and the amount in units (cost, or adjustment delta).
 --
 -- Every quantity is an integer below 2^53, so Lua's doubles hold it exactly; the client
 -- refuses limits that could leave that range. Hash fields: "sig" the limits, "t" the time of
--- the last update, "l1".."lk" the levels in units.
+-- the last update, "p" the end of a pause (a provider's 429), "l1".."lk" the levels in units.
 --
 -- Replies: {"ok", now} | {"wait", milliseconds, now} | {"conflict", sig} | {"levels", now, l1, ..}
 
@@ -37,6 +39,7 @@ if now < last then
   now = last
 end
 local elapsed = now - last
+local paused_until = tonumber(redis.call('HGET', key, 'p') or 0)
 
 -- ceil(a / b) for integers a >= 0, b > 0, corrected for the rounding of the division.
 local function ceil_div(a, b)
@@ -49,7 +52,7 @@ end
 local levels = {}
 local params = {}
 for i = 1, k do
-  local base = 4 + (i - 1) * 4
+  local base = 5 + (i - 1) * 4
   local p = {
     scale = tonumber(ARGV[base + 1]),
     rate = tonumber(ARGV[base + 2]),
@@ -70,8 +73,9 @@ for i = 1, k do
 end
 
 local function store(levels_to_write)
-  local fields = {'sig', sig, 't', string.format('%.0f', now)}
-  local expire_ms = 0
+  local fields = {'sig', sig, 't', string.format('%.0f', now), 'p', string.format('%.0f', paused_until)}
+  -- The buckets refill during a pause, but the pause itself must outlive it.
+  local expire_ms = paused_until - now
   for i = 1, k do
     table.insert(fields, 'l' .. i)
     table.insert(fields, string.format('%.0f', levels_to_write[i]))
@@ -88,6 +92,7 @@ end
 
 if op == 'acquire' then
   local wait = 0
+  if paused_until > now then wait = paused_until - now end
   for i = 1, k do
     local needed = params[i].amount
     if levels[i] < needed then
@@ -111,9 +116,13 @@ elseif op == 'adjust' then
   end
   store(levels)
   return {'ok', now}
-elseif op == 'drain' then
+elseif op == 'drain' or op == 'penalize' then
   for i = 1, k do
     if levels[i] > 0 then levels[i] = 0 end
+  end
+  if op == 'penalize' then
+    local until_ms = now + tonumber(ARGV[5])
+    if until_ms > paused_until then paused_until = until_ms end
   end
   store(levels)
   return {'ok', now}

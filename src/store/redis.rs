@@ -332,6 +332,19 @@ impl RedisStore {
         amounts: impl Fn(&Scaled) -> i128,
         now_ms: Option<u64>,
     ) -> Result<Reply, Error> {
+        self.run_with_pause(op, key, limits, amounts, now_ms, 0)
+            .await
+    }
+
+    async fn run_with_pause(
+        &self,
+        op: &str,
+        key: &str,
+        limits: &Limits,
+        amounts: impl Fn(&Scaled) -> i128,
+        now_ms: Option<u64>,
+        pause_ms: u64,
+    ) -> Result<Reply, Error> {
         let buckets = scaled(limits)?;
         let mut invocation = self.inner.script.prepare_invoke();
         invocation
@@ -339,7 +352,8 @@ impl RedisStore {
             .arg(op)
             .arg(limits.to_string())
             .arg(now_ms.map(|t| t.to_string()).unwrap_or_default())
-            .arg(buckets.len());
+            .arg(buckets.len())
+            .arg(pause_ms);
         for bucket in &buckets {
             let amount = amounts(bucket);
             if amount.unsigned_abs() >= MAX_EXACT {
@@ -466,6 +480,25 @@ impl RedisStore {
     }
 }
 
+impl RedisStore {
+    /// [`Store::penalize`] at an explicit time (see [`try_acquire_at`](Self::try_acquire_at)):
+    /// every process sharing the key honours the pause, since it lives in Redis.
+    pub async fn penalize_at(
+        &self,
+        key: &str,
+        limits: &Limits,
+        pause: Duration,
+        now_ms: Option<u64>,
+    ) -> Result<(), Error> {
+        // Whole milliseconds, rounded up: never shorter than the provider asked.
+        let pause_ms = u64::try_from(pause.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
+        let pause_ms = pause_ms.min(MAX_EXACT as u64);
+        self.run_with_pause("penalize", key, limits, |_| 0, now_ms, pause_ms)
+            .await
+            .map(|_| ())
+    }
+}
+
 /// A client for `url`, trusting `config.tls_ca_file` when one is given.
 fn open_client(url: &str, config: &RedisConfig) -> Result<redis::Client, String> {
     #[cfg(feature = "redis-tls")]
@@ -527,6 +560,10 @@ impl Store for RedisStore {
         self.run("drain", key, limits, |_| 0, None)
             .await
             .map(|_| ())
+    }
+
+    async fn penalize(&self, key: &str, limits: &Limits, pause: Duration) -> Result<(), Error> {
+        self.penalize_at(key, limits, pause, None).await
     }
 
     async fn snapshot(&self, key: &str, limits: &Limits) -> Result<Vec<Available>, Error> {
