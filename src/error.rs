@@ -90,6 +90,17 @@ pub enum Error {
         key: String,
     },
 
+    /// `#[tollgate::limit]` without rates, for a key the configuration doesn't cover.
+    #[error(
+        "key `{key}` (in {function}): #[tollgate::limit] gives no rates, and the configuration has no [keys.{key}] or [default] section; install one with tollgate::install_config or TOLLGATE_CONFIG, or give requests/tokens in the attribute"
+    )]
+    NotConfigured {
+        /// The key.
+        key: String,
+        /// The function.
+        function: String,
+    },
+
     /// A manual clock was moved backwards, or a bucket was given a time before its last update.
     #[error("time went backwards from {from:?} to {to:?}; a clock may only move forward")]
     ClockWentBackwards {
@@ -107,6 +118,13 @@ pub enum Error {
         /// The underlying error.
         #[source]
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+
+    /// A configuration file with bad entries: every one is listed, with its key.
+    #[error("configuration: {}", problems.join("\n"))]
+    Config {
+        /// One line per bad entry, `keys.<key>.<field>: what is wrong`.
+        problems: Vec<String>,
     },
 
     /// The token estimate could not be made.

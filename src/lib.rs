@@ -58,6 +58,8 @@
 pub mod backoff;
 pub mod bucket;
 pub mod clock;
+mod config;
+mod duration;
 mod error;
 mod limiter;
 mod macro_support;
@@ -68,8 +70,11 @@ pub mod store;
 
 pub use backoff::Backoff;
 pub use bucket::{Cost, Decision};
+pub use config::{Config, KeyConfig, global_config, install_config};
+pub use duration::parse_timeout;
 pub use error::Error;
 pub use limiter::{Attempt, Limiter, LimiterBuilder, Permit, WaitPolicy, default_estimator};
+pub use macro_support::RateLimited;
 pub use rate::{Currency, Limits, Rate, RateError, Rates};
 pub use registry::{Registry, install_store};
 pub use retry_after::parse_retry_after;

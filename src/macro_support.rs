@@ -8,6 +8,7 @@ use serde::Serialize;
 use tollgate_estimators::{Estimate, Estimator};
 
 use crate::bucket::Cost;
+use crate::config::KeyConfig;
 use crate::error::Error;
 use crate::limiter::{Limiter, Permit};
 use crate::rate::{Limits, Rates};
@@ -38,8 +39,16 @@ pub struct Site {
     estimator: OnceLock<Arc<dyn Estimator>>,
 }
 
+/// What one call resolved: its limiter, and where its estimator and timeout come from.
+pub struct Call<'a> {
+    site: &'a Site,
+    limiter: Limiter,
+    config: Option<&'static KeyConfig>,
+}
+
 impl Site {
     /// A call site; `key` is `Some` when it is a literal (then the limiter is cached here).
+    /// Empty `requests` and `tokens` mean the limits come from the configuration.
     pub const fn new(
         function: &'static str,
         key: Option<&'static str>,
@@ -61,7 +70,11 @@ impl Site {
         }
     }
 
-    fn limits(&self) -> Result<&Limits, Error> {
+    fn reads_config(&self) -> bool {
+        self.requests.is_empty() && self.tokens.is_empty()
+    }
+
+    fn literal_limits(&self) -> Result<&Limits, Error> {
         if let Some(limits) = self.limits.get() {
             return Ok(limits);
         }
@@ -78,55 +91,153 @@ impl Site {
         Ok(self.limits.get_or_init(|| limits))
     }
 
+    fn key_config(&self, key: &str) -> Result<&'static KeyConfig, Error> {
+        crate::config::global_config()?
+            .and_then(|config| config.key(key))
+            .ok_or_else(|| Error::NotConfigured {
+                key: key.to_owned(),
+                function: self.function.to_owned(),
+            })
+    }
+
+    /// Resolves this call: its key's limiter (cached for a literal key), and its config entry
+    /// when the limits come from the configuration.
+    pub fn resolve(&self, key: Option<&str>) -> Result<Call<'_>, Error> {
+        if let Some(limiter) = self.limiter.get() {
+            let config = match self.reads_config() {
+                true => Some(self.key_config(limiter.key())?),
+                false => None,
+            };
+            return Ok(Call {
+                site: self,
+                limiter: limiter.clone(),
+                config,
+            });
+        }
+        let name = match (self.key, key) {
+            (Some(literal), _) => literal,
+            (None, Some(key)) => key,
+            (None, None) => {
+                return Err(Error::NoLimits {
+                    key: format!("(no key given to {})", self.function),
+                });
+            }
+        };
+        let (limits, config) = if self.reads_config() {
+            let config = self.key_config(name)?;
+            (&config.limits, Some(config))
+        } else {
+            (self.literal_limits()?, None)
+        };
+        let limiter = Registry::global().limiter(name, limits)?;
+        let limiter = match self.key {
+            Some(_) => self.limiter.get_or_init(|| limiter).clone(),
+            None => limiter,
+        };
+        Ok(Call {
+            site: self,
+            limiter,
+            config,
+        })
+    }
+}
+
+impl Call<'_> {
     /// True when the limits have token windows, so the arguments need counting.
     pub fn counts_tokens(&self) -> bool {
-        !self.tokens.is_empty()
+        !self.limiter.limits().tokens().is_empty()
     }
 
-    /// The limiter for this call: the cached one for a literal key, else the registry's.
-    pub fn limiter(&self, key: Option<&str>) -> Result<Limiter, Error> {
-        if let Some(limiter) = self.limiter.get() {
-            return Ok(limiter.clone());
-        }
-        let limits = self.limits()?;
-        match (self.key, key) {
-            (Some(literal), _) => {
-                let limiter = Registry::global().limiter(literal, limits)?;
-                Ok(self.limiter.get_or_init(|| limiter).clone())
-            }
-            (None, Some(key)) => Registry::global().limiter(key, limits),
-            (None, None) => Err(Error::NoLimits {
-                key: format!("(no key given to {})", self.function),
-            }),
-        }
-    }
-
-    /// The estimator named at the site, or the default, loaded once.
+    /// The estimator: the attribute's, else the configuration's, else the default; loaded once.
     pub fn estimator(&self) -> Result<&Arc<dyn Estimator>, Error> {
-        if let Some(estimator) = self.estimator.get() {
-            return Ok(estimator);
+        let site = self.site;
+        if let Some(name) = site.estimator_name {
+            if let Some(estimator) = site.estimator.get() {
+                return Ok(estimator);
+            }
+            let estimator = tollgate_estimators::estimator(name)?;
+            return Ok(site.estimator.get_or_init(|| estimator));
         }
-        let estimator = match self.estimator_name {
-            Some(name) => tollgate_estimators::estimator(name)?,
-            None => crate::limiter::default_estimator(),
-        };
-        Ok(self.estimator.get_or_init(|| estimator))
+        match self.config {
+            Some(config) => config.estimator(),
+            None => Ok(site
+                .estimator
+                .get_or_init(crate::limiter::default_estimator)),
+        }
+    }
+
+    fn timeout(&self) -> Timeout {
+        match (self.site.timeout, self.config.and_then(|c| c.timeout)) {
+            (Timeout::Default, Some(None)) => Timeout::Never,
+            (Timeout::Default, Some(Some(d))) => Timeout::After(d),
+            (timeout, _) => timeout,
+        }
     }
 
     /// Pays one request plus `tokens` (at least 1 when tokens are limited), waiting up to the
-    /// site's timeout.
-    pub async fn acquire(&self, limiter: &Limiter, tokens: u64) -> Result<Permit, Error> {
+    /// call's timeout.
+    pub async fn acquire(&self, tokens: u64) -> Result<Permit, Error> {
         let tokens = if self.counts_tokens() {
             tokens.max(1)
         } else {
             0
         };
         let cost = Cost::call(tokens);
-        match self.timeout {
-            Timeout::Default => limiter.acquire(cost).await,
-            Timeout::Never => limiter.acquire_timeout(cost, None).await,
-            Timeout::After(d) => limiter.acquire_timeout(cost, Some(d)).await,
+        match self.timeout() {
+            Timeout::Default => self.limiter.acquire(cost).await,
+            Timeout::Never => self.limiter.acquire_timeout(cost, None).await,
+            Timeout::After(d) => self.limiter.acquire_timeout(cost, Some(d)).await,
         }
+    }
+
+    /// After the provider refused attempt `attempt` (0-based): pauses the key for the
+    /// provider's Retry-After, or for a backoff that doubles from 1 s (capped at 60 s). The next
+    /// acquire then waits out the pause, with its own jitter.
+    pub async fn rate_limited(
+        &self,
+        retry_after: Option<Duration>,
+        attempt: u32,
+    ) -> Result<(), Error> {
+        let backoff = crate::Backoff {
+            base: Duration::from_secs(1),
+            cap: Duration::from_secs(60),
+            jitter: true,
+        };
+        let pause = retry_after.unwrap_or_else(|| backoff.ceiling(attempt));
+        self.limiter.penalize(pause).await
+    }
+}
+
+/// What a function's error says about a provider's refusal, for `#[tollgate::limit(retries = N)]`.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// #[derive(Debug)]
+/// enum ApiError {
+///     Status { code: u16, retry_after: Option<Duration> },
+///     Limited(tollgate::Error),
+/// }
+///
+/// impl tollgate::RateLimited for ApiError {
+///     fn is_rate_limited(&self) -> bool {
+///         matches!(self, ApiError::Status { code: 429, .. })
+///     }
+///     fn retry_after(&self) -> Option<Duration> {
+///         match self {
+///             ApiError::Status { retry_after, .. } => *retry_after,
+///             _ => None,
+///         }
+///     }
+/// }
+/// ```
+pub trait RateLimited {
+    /// True when the provider refused the call for its rate limit (an HTTP 429).
+    fn is_rate_limited(&self) -> bool;
+
+    /// How long the provider asked to wait (its `Retry-After`), if it said.
+    fn retry_after(&self) -> Option<Duration> {
+        None
     }
 }
 

@@ -15,7 +15,13 @@ use syn::{Expr, ExprLit, FnArg, Ident, ItemFn, Lit, LitStr, Pat, ReturnType, Tok
 #[path = "../../src/rate.rs"]
 mod rate;
 
-const OPTIONS: &str = "key, requests, tokens, estimator, timeout, tokens_from, reserve_output";
+/// The library's own timeout grammar (src/duration.rs).
+#[allow(dead_code)]
+#[path = "../../src/duration.rs"]
+mod duration;
+
+const OPTIONS: &str =
+    "key, requests, tokens, estimator, timeout, tokens_from, reserve_output, retries";
 
 /// Rate-limits an async function: each call pays 1 request and the estimated tokens of its
 /// arguments before the body runs. See the `tollgate` crate docs.
@@ -55,6 +61,7 @@ struct Options {
     timeout: Option<LitStr>,
     tokens_from: Option<Vec<Ident>>,
     reserve_output: Option<Option<Expr>>,
+    retries: Option<u32>,
 }
 
 fn string_literal(opt: &Opt, what: &str) -> syn::Result<LitStr> {
@@ -110,6 +117,18 @@ fn parse_options(attr: TokenStream2) -> syn::Result<Options> {
             }
             "tokens_from" => options.tokens_from = Some(argument_list(&opt)?),
             "reserve_output" => options.reserve_output = Some(opt.value.clone()),
+            "retries" => {
+                let bad = |span| {
+                    syn::Error::new(span, "`retries` takes a whole number, like retries = 3")
+                };
+                match &opt.value {
+                    Some(Expr::Lit(ExprLit {
+                        lit: Lit::Int(n), ..
+                    })) => options.retries = Some(n.base10_parse().map_err(|_| bad(n.span()))?),
+                    Some(other) => return Err(bad(other.span())),
+                    None => return Err(bad(opt.name.span())),
+                }
+            }
             _ => {
                 return Err(syn::Error::new(
                     opt.name.span(),
@@ -159,32 +178,9 @@ fn check_estimator(lit: &LitStr) -> syn::Result<()> {
 
 /// `"30s"`, `"500ms"`, `"2m"`, `"1h"` or `"none"`: the nanoseconds, or `None` for no deadline.
 fn parse_timeout(lit: &LitStr) -> syn::Result<Option<u64>> {
-    let text = lit.value();
-    let trimmed = text.trim();
-    if trimmed.eq_ignore_ascii_case("none") {
-        return Ok(None);
-    }
-    let bad = || {
-        syn::Error::new(
-            lit.span(),
-            format!(
-                "timeout `{text}`: expected a duration like \"30s\", \"500ms\", \"2m\" or \"1h\", or \"none\" to wait as long as it takes"
-            ),
-        )
-    };
-    let split = trimmed
-        .find(|c: char| !c.is_ascii_digit())
-        .ok_or_else(bad)?;
-    let (number, unit) = trimmed.split_at(split);
-    let number: u64 = number.parse().map_err(|_| bad())?;
-    let scale: u64 = match unit.trim() {
-        "ms" => 1_000_000,
-        "s" | "sec" | "secs" => 1_000_000_000,
-        "m" | "min" | "mins" => 60_000_000_000,
-        "h" | "hr" | "hrs" => 3_600_000_000_000,
-        _ => return Err(bad()),
-    };
-    number.checked_mul(scale).map(Some).ok_or_else(bad)
+    duration::parse_timeout(&lit.value())
+        .map(|timeout| timeout.map(|d| d.as_nanos() as u64))
+        .map_err(|message| syn::Error::new(lit.span(), message))
 }
 
 fn argument_list(opt: &Opt) -> syn::Result<Vec<Ident>> {
@@ -282,12 +278,6 @@ fn expand(attr: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
             "missing `key`: name the key whose buckets this function shares, like key = \"openai\"",
         ));
     };
-    if options.requests.is_none() && options.tokens.is_none() {
-        return Err(syn::Error::new(
-            Span::call_site(),
-            "no limit given: add requests = \"500/m\", tokens = \"200000/m\", or both",
-        ));
-    }
 
     let args = arguments(&func);
     let counted: Vec<(Ident, bool)> = match &options.tokens_from {
@@ -379,38 +369,82 @@ fn expand(attr: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
         block,
     } = func;
     let stmts = &block.stmts;
+    let admit = quote! {
+        {
+            let __tollgate_call = match __TOLLGATE_SITE.resolve(#key_dynamic) {
+                ::core::result::Result::Ok(call) => call,
+                ::core::result::Result::Err(__tollgate_error) => #fail,
+            };
+            let mut __tollgate_tokens: u64 = 0;
+            if __tollgate_call.counts_tokens() {
+                let __tollgate_estimator = match __tollgate_call.estimator() {
+                    ::core::result::Result::Ok(estimator) => estimator,
+                    ::core::result::Result::Err(__tollgate_error) => #fail,
+                };
+                let mut __tollgate_tally = ::tollgate::Estimate::default();
+                #[allow(unused_imports)]
+                use ::tollgate::__private::{CountSerialize as _, CountSkip as _};
+                #(#tallies)*
+                __tollgate_tokens = __tollgate_tally
+                    .input_tokens
+                    .saturating_add(#reserve);
+            }
+            match __tollgate_call.acquire(__tollgate_tokens).await {
+                ::core::result::Result::Ok(permit) => (__tollgate_call, permit),
+                ::core::result::Result::Err(__tollgate_error) => #fail,
+            }
+        }
+    };
+    let site = quote! {
+        static __TOLLGATE_SITE: ::tollgate::__private::Site = ::tollgate::__private::Site::new(
+            #name, #key_literal, #requests, #tokens, #estimator, #timeout,
+        );
+    };
+    let body = match options.retries {
+        None => quote! {
+            #site
+            let (__tollgate_call, __tollgate_permit) = #admit;
+            let _ = (&__tollgate_call, &__tollgate_permit);
+            #(#stmts)*
+        },
+        Some(retries) => {
+            let output = match &sig.output {
+                ReturnType::Type(_, ty) => ty.to_token_stream(),
+                ReturnType::Default => quote!(()),
+            };
+            quote! {
+                #site
+                // The body runs again after a refusal, so it is a closure that borrows the
+                // arguments rather than consuming them.
+                let mut __tollgate_body = async || -> #output { #(#stmts)* };
+                let mut __tollgate_attempt: u32 = 0;
+                loop {
+                    let (__tollgate_call, __tollgate_permit) = #admit;
+                    let __tollgate_result: #output = __tollgate_body().await;
+                    drop(__tollgate_permit);
+                    if let ::core::result::Result::Err(__tollgate_refusal) = &__tollgate_result {
+                        if __tollgate_attempt < #retries
+                            && ::tollgate::RateLimited::is_rate_limited(__tollgate_refusal)
+                        {
+                            let __tollgate_after = ::tollgate::RateLimited::retry_after(__tollgate_refusal);
+                            if let ::core::result::Result::Err(__tollgate_error) =
+                                __tollgate_call.rate_limited(__tollgate_after, __tollgate_attempt).await
+                            {
+                                #fail;
+                            }
+                            __tollgate_attempt += 1;
+                            continue;
+                        }
+                    }
+                    return __tollgate_result;
+                }
+            }
+        }
+    };
     Ok(quote! {
         #(#attrs)*
         #vis #sig {
-            let __tollgate_permit = {
-                static __TOLLGATE_SITE: ::tollgate::__private::Site = ::tollgate::__private::Site::new(
-                    #name, #key_literal, #requests, #tokens, #estimator, #timeout,
-                );
-                let __tollgate_limiter = match __TOLLGATE_SITE.limiter(#key_dynamic) {
-                    ::core::result::Result::Ok(limiter) => limiter,
-                    ::core::result::Result::Err(__tollgate_error) => #fail,
-                };
-                let mut __tollgate_tokens: u64 = 0;
-                if __TOLLGATE_SITE.counts_tokens() {
-                    let __tollgate_estimator = match __TOLLGATE_SITE.estimator() {
-                        ::core::result::Result::Ok(estimator) => estimator,
-                        ::core::result::Result::Err(__tollgate_error) => #fail,
-                    };
-                    let mut __tollgate_tally = ::tollgate::Estimate::default();
-                    #[allow(unused_imports)]
-                    use ::tollgate::__private::{CountSerialize as _, CountSkip as _};
-                    #(#tallies)*
-                    __tollgate_tokens = __tollgate_tally
-                        .input_tokens
-                        .saturating_add(#reserve);
-                }
-                match __TOLLGATE_SITE.acquire(&__tollgate_limiter, __tollgate_tokens).await {
-                    ::core::result::Result::Ok(permit) => permit,
-                    ::core::result::Result::Err(__tollgate_error) => #fail,
-                }
-            };
-            let _ = &__tollgate_permit;
-            #(#stmts)*
+            #body
         }
     })
 }

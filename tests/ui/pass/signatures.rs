@@ -79,6 +79,19 @@ impl Llm for Model {
     }
 }
 
+impl tollgate::RateLimited for AppError {
+    fn is_rate_limited(&self) -> bool {
+        false
+    }
+}
+
+/// Limits from the configuration, and retries of refused calls.
+#[tollgate::limit(key = "pass-config", retries = 2)]
+pub async fn from_config(client: &Client, prompt: &str) -> Result<usize, AppError> {
+    let _ = client;
+    Ok(prompt.len())
+}
+
 pub type Res<T> = Result<T, AppError>;
 
 #[tollgate::limit(key = "pass-alias", requests = "1/s")]
@@ -88,6 +101,8 @@ async fn aliased() -> Res<()> {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
+    tollgate::install_config(tollgate::Config::from_toml("[default]\nrequests = \"5/s\"").unwrap()).unwrap();
+    assert_eq!(from_config(&Client, "four").await.unwrap(), 4);
     chat(&Client, &[], 10).await.unwrap();
     assert_eq!(generic("hi", 3).await.unwrap(), ("hi", 3));
     assert_eq!(impl_trait("x", || 7).await.unwrap(), 7);
