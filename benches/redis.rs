@@ -4,50 +4,26 @@
 //! Uses `TOLLGATE_BENCH_REDIS` (a URL) when set; otherwise starts a redis-server of its own on
 //! a free loopback port.
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+#[path = "../tests/support/redis_server.rs"]
+mod redis_server;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use redis_server::RedisServer;
 use tollgate::store::redis::RedisStore;
 use tollgate::{Cost, Limits, Store};
 
-struct Server(Option<Child>);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-fn server() -> (Server, String) {
+/// The server to measure: `TOLLGATE_BENCH_REDIS`, or one started for the run.
+fn server() -> (Option<RedisServer>, String) {
     if let Ok(url) = std::env::var("TOLLGATE_BENCH_REDIS") {
-        return (Server(None), url);
+        return (None, url);
     }
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("redis-server is installed (or set TOLLGATE_BENCH_REDIS)");
-    (Server(Some(child)), format!("redis://127.0.0.1:{port}"))
+    let server =
+        RedisServer::start().expect("redis-server is installed (or set TOLLGATE_BENCH_REDIS)");
+    let url = server.url();
+    (Some(server), url)
 }
 
 fn round_trips(c: &mut Criterion) {

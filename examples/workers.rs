@@ -9,49 +9,19 @@
 //! Every admission is recorded with Redis's own time; the summary line checks the window bound
 //! over every interval between admissions, across all the processes.
 
+#[path = "../tests/support/recording.rs"]
+mod recording;
+
 use std::net::TcpListener;
 use std::process::{Child, Command, ExitCode, Stdio};
-use std::sync::Mutex;
 use std::time::Duration;
 
-use tollgate::bucket::Available;
 use tollgate::store::redis::RedisStore;
-use tollgate::{Cost, Decision, Error, Limiter, Limits, Store};
+use tollgate::{Cost, Limiter, Limits};
 
 const RATE: &str = "5/s burst 10";
 const BURST: u64 = 10;
 const PER_SEC: u64 = 5;
-
-/// The real store, recording the server time of each admission.
-struct Recording {
-    store: RedisStore,
-    admitted_at: Mutex<Vec<u64>>,
-}
-
-impl Store for Recording {
-    async fn try_acquire(&self, key: &str, limits: &Limits, cost: Cost) -> Result<Decision, Error> {
-        let (decision, now_ms) = self.store.try_acquire_at(key, limits, cost, None).await?;
-        if decision.is_admitted() {
-            self.admitted_at
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(now_ms);
-        }
-        Ok(decision)
-    }
-    async fn adjust(&self, key: &str, limits: &Limits, delta: i64) -> Result<(), Error> {
-        self.store.adjust(key, limits, delta).await
-    }
-    async fn drain(&self, key: &str, limits: &Limits) -> Result<(), Error> {
-        self.store.drain(key, limits).await
-    }
-    async fn penalize(&self, key: &str, limits: &Limits, pause: Duration) -> Result<(), Error> {
-        self.store.penalize(key, limits, pause).await
-    }
-    async fn snapshot(&self, key: &str, limits: &Limits) -> Result<Vec<Available>, Error> {
-        self.store.snapshot(key, limits).await
-    }
-}
 
 struct Args {
     redis: Option<String>,
@@ -94,21 +64,12 @@ fn parse_args() -> Result<Args, String> {
 }
 
 async fn worker(url: &str, key: &str, calls: usize) -> Result<(), Box<dyn std::error::Error>> {
-    let store = Recording {
-        store: RedisStore::connect(url).await?,
-        admitted_at: Mutex::new(Vec::new()),
-    };
+    let store = recording::Recording::new(RedisStore::connect(url).await?);
     let limiter = Limiter::new(key, Limits::parse(RATE, "")?, store)?;
     for _ in 0..calls {
         limiter.acquire_timeout(Cost::call(0), None).await?;
     }
-    for t in limiter
-        .store()
-        .admitted_at
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-    {
+    for t in limiter.store().admitted_at() {
         println!("ADMIT {t}");
     }
     Ok(())

@@ -3,12 +3,14 @@
 
 #![cfg(feature = "redis")]
 
+#[path = "support/recording.rs"]
+mod recording;
 #[path = "support/redis_server.rs"]
 mod redis_server;
 
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use recording::Recording;
 use redis_server::RedisServer;
 use tollgate::bucket::Available;
 use tollgate::clock::ManualClock;
@@ -255,34 +257,6 @@ fn keys_expire_when_their_buckets_are_full_again() {
     });
 }
 
-/// Records the server time of every admission, around the real store.
-struct Recording {
-    store: RedisStore,
-    admitted_at: Mutex<Vec<u64>>,
-}
-
-impl Store for Recording {
-    async fn try_acquire(&self, key: &str, limits: &Limits, cost: Cost) -> Result<Decision, Error> {
-        let (decision, now_ms) = self.store.try_acquire_at(key, limits, cost, None).await?;
-        if decision.is_admitted() {
-            self.admitted_at.lock().unwrap().push(now_ms);
-        }
-        Ok(decision)
-    }
-    async fn adjust(&self, key: &str, limits: &Limits, delta: i64) -> Result<(), Error> {
-        self.store.adjust(key, limits, delta).await
-    }
-    async fn drain(&self, key: &str, limits: &Limits) -> Result<(), Error> {
-        self.store.drain(key, limits).await
-    }
-    async fn penalize(&self, key: &str, limits: &Limits, pause: Duration) -> Result<(), Error> {
-        self.store.penalize(key, limits, pause).await
-    }
-    async fn snapshot(&self, key: &str, limits: &Limits) -> Result<Vec<Available>, Error> {
-        self.store.snapshot(key, limits).await
-    }
-}
-
 const WORKER_CALLS: usize = 20;
 
 /// Run by `three_processes_share_one_key` in child processes: 20 calls on the shared key,
@@ -292,16 +266,13 @@ const WORKER_CALLS: usize = 20;
 fn worker_process() {
     let url = std::env::var("TOLLGATE_WORKER_REDIS").expect("started by the parent test");
     runtime().block_on(async {
-        let store = Recording {
-            store: RedisStore::connect(&url).await.unwrap(),
-            admitted_at: Mutex::new(Vec::new()),
-        };
+        let store = Recording::new(RedisStore::connect(&url).await.unwrap());
         let limiter =
             Limiter::new("shared", Limits::parse("50/s burst 10", "").unwrap(), store).unwrap();
         for _ in 0..WORKER_CALLS {
             limiter.acquire(Cost::call(0)).await.unwrap();
         }
-        let times = limiter.store().admitted_at.lock().unwrap().clone();
+        let times = limiter.store().admitted_at();
         assert_eq!(times.len(), WORKER_CALLS);
         for t in times {
             println!("ADMIT {t}");
