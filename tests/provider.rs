@@ -33,10 +33,12 @@ async fn tollgate_gets_no_429_where_an_unthrottled_client_does() {
             .load(std::sync::atomic::Ordering::Relaxed),
         0
     );
-    // Close to the ideal: the burst at once, the rest at 2,000 tokens a second.
+    // Not throttled into the ground: the ideal is the burst at once, the rest at 2,000 tokens
+    // a second. The margin is wide because this is real time on a possibly loaded machine; the
+    // example measures how close it comes.
     let ideal = (total - 20_000) as f64 / 2_000.0;
     assert!(
-        paced.seconds < ideal * 1.15 + 1.5,
+        paced.seconds < ideal * 1.5 + 3.0,
         "{paced:?}, ideal {ideal:.1} s"
     );
     eprintln!("unthrottled {raw:?}; tollgate {paced:?}; ideal {ideal:.2} s");
