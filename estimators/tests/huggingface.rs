@@ -131,3 +131,37 @@ fn missing_or_corrupt_files_fall_back_unless_strict() {
     assert_eq!(estimator(&name).unwrap().count("Hello, world!"), 4);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Counts WARN events, to check that a fallback warns once and only once.
+struct CountWarnings(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl tracing::Subscriber for CountWarnings {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        if *event.metadata().level() == tracing::Level::WARN {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[test]
+fn a_fallback_warns_once() {
+    let warnings = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let subscriber = CountWarnings(Arc::clone(&warnings));
+    tracing::subscriber::with_default(subscriber, || {
+        let name = "hf:/nonexistent/warns-once/tokenizer.json";
+        for _ in 0..5 {
+            assert_eq!(estimator(name).unwrap().count("Hello, world!"), 4);
+        }
+    });
+    assert_eq!(warnings.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
