@@ -44,33 +44,18 @@ fn admissions_allocate_nothing_per_call() {
     let limiter = Limiter::new("hot", limits.clone(), MemoryStore::new()).unwrap();
     let registry = Registry::new(MemoryStore::new());
     let shared = registry.limiter("hot", &limits).unwrap();
+    let admit_on_both = || {
+        let call = Cost::call(10);
+        assert!(ready(limiter.try_acquire(call)).unwrap().is_admitted());
+        ready(limiter.acquire(call)).unwrap();
+        assert!(ready(shared.try_acquire(call)).unwrap().is_admitted());
+        ready(shared.acquire(call)).unwrap();
+    };
     // The first calls create the key's state and register the metric handles.
-    assert!(
-        ready(limiter.try_acquire(Cost::call(10)))
-            .unwrap()
-            .is_admitted()
-    );
-    ready(limiter.acquire(Cost::call(10))).unwrap();
-    assert!(
-        ready(shared.try_acquire(Cost::call(10)))
-            .unwrap()
-            .is_admitted()
-    );
-    ready(shared.acquire(Cost::call(10))).unwrap();
+    admit_on_both();
     let before = ALLOCATIONS.load(Ordering::SeqCst);
     for _ in 0..1_000 {
-        assert!(
-            ready(limiter.try_acquire(Cost::call(10)))
-                .unwrap()
-                .is_admitted()
-        );
-        ready(limiter.acquire(Cost::call(10))).unwrap();
-        assert!(
-            ready(shared.try_acquire(Cost::call(10)))
-                .unwrap()
-                .is_admitted()
-        );
-        ready(shared.acquire(Cost::call(10))).unwrap();
+        admit_on_both();
     }
     let after = ALLOCATIONS.load(Ordering::SeqCst);
     assert_eq!(
