@@ -128,59 +128,51 @@ impl MemoryStore {
         limits: &Limits,
         cost: Cost,
     ) -> Result<Decision, Error> {
-        Buckets::validate(limits, cost).map_err(|e| Error::from_bucket(key, cost, e))?;
+        // `Buckets::try_take` validates the cost before it changes anything, and a new key's
+        // state is kept only when the call succeeds: bad input leaves no trace either way.
+        self.with_entry(key, limits, cost, |buckets, now| {
+            buckets.try_take(now, cost)
+        })
+    }
+
+    /// Applies `f` to the buckets of `key` at the current time, creating them full if needed
+    /// (`cost` is for the context of an error).
+    fn with_entry<T>(
+        &self,
+        key: &str,
+        limits: &Limits,
+        cost: Cost,
+        f: impl FnOnce(&mut Buckets, Nanos) -> Result<T, crate::bucket::BucketError>,
+    ) -> Result<T, Error> {
         let mut shard = self.shard(key);
         let now = self.inner.clock.now();
-        if let Some(entry) = shard.entries.get_mut(key) {
+        let apply = |entry: &mut Entry| {
             if entry.limits != *limits {
                 return Err(conflict(key, &entry.limits, limits));
             }
             // Readers of tokio's clock in different runtimes may disagree slightly; a key's
             // time only moves forward, so an earlier reading counts as no time passing.
             let now = now.max(entry.last);
-            let decision = entry
-                .buckets
-                .try_take(now, cost)
-                .map_err(|e| Error::from_bucket(key, cost, e))?;
+            let out = f(&mut entry.buckets, now).map_err(|e| Error::from_bucket(key, cost, e))?;
             entry.last = now;
-            return Ok(decision);
+            Ok(out)
+        };
+        // Look up before inserting, so that a key that exists costs no allocation; a new key's
+        // state is kept only if the operation succeeded.
+        match shard.entries.get_mut(key) {
+            Some(entry) => apply(entry),
+            None => {
+                shard.sweep(now);
+                let mut entry = Entry {
+                    limits: limits.clone(),
+                    buckets: Buckets::new(limits, now),
+                    last: now,
+                };
+                let out = apply(&mut entry)?;
+                shard.entries.insert(key.into(), entry);
+                Ok(out)
+            }
         }
-        shard.sweep(now);
-        let mut buckets = Buckets::new(limits, now);
-        let decision = buckets
-            .try_take(now, cost)
-            .map_err(|e| Error::from_bucket(key, cost, e))?;
-        shard.entries.insert(
-            key.into(),
-            Entry {
-                limits: limits.clone(),
-                buckets,
-                last: now,
-            },
-        );
-        Ok(decision)
-    }
-
-    /// Applies `f` to the buckets of `key` at the current time, creating them full if needed.
-    fn with_entry<T>(
-        &self,
-        key: &str,
-        limits: &Limits,
-        f: impl FnOnce(&mut Buckets, Nanos) -> Result<T, crate::bucket::BucketError>,
-    ) -> Result<T, Error> {
-        let mut shard = self.shard(key);
-        let now = self.inner.clock.now();
-        let entry = shard.entries.entry(key.into()).or_insert_with(|| Entry {
-            limits: limits.clone(),
-            buckets: Buckets::new(limits, now),
-            last: now,
-        });
-        if entry.limits != *limits {
-            return Err(conflict(key, &entry.limits, limits));
-        }
-        let now = now.max(entry.last);
-        entry.last = now;
-        f(&mut entry.buckets, now).map_err(|e| Error::from_bucket(key, Cost::default(), e))
     }
 
     /// The tokens each window of `key` holds now (full windows for a key never seen).
@@ -201,20 +193,22 @@ impl MemoryStore {
 
     /// Adds `delta` tokens to every token window of `key` (see [`Buckets::adjust`]).
     pub fn adjust_now(&self, key: &str, limits: &Limits, delta: i64) -> Result<(), Error> {
-        self.with_entry(key, limits, |buckets, now| {
+        self.with_entry(key, limits, Cost::default(), |buckets, now| {
             buckets.adjust(now, crate::rate::Currency::Tokens, delta)
         })
     }
 
     /// Empties every window of `key`.
     pub fn drain_now(&self, key: &str, limits: &Limits) -> Result<(), Error> {
-        self.with_entry(key, limits, |buckets, now| buckets.drain(now))
+        self.with_entry(key, limits, Cost::default(), |buckets, now| {
+            buckets.drain(now)
+        })
     }
 
     /// Empties every window of `key` and admits nothing on it for `pause` (a longer pause
     /// already in force wins).
     pub fn penalize_now(&self, key: &str, limits: &Limits, pause: Duration) -> Result<(), Error> {
-        self.with_entry(key, limits, |buckets, now| {
+        self.with_entry(key, limits, Cost::default(), |buckets, now| {
             let until = Nanos(now.0.saturating_add(Nanos::from_duration(pause).0));
             buckets.penalize(now, until)
         })

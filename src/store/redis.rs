@@ -309,19 +309,30 @@ impl RedisStore {
         }
     }
 
+    /// Awaits `call` within the configured timeout, turning a driver error or the timeout
+    /// into [`Error::Store`] saying `what` failed.
+    async fn bounded<T>(
+        &self,
+        what: &str,
+        call: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, Error> {
+        match tokio::time::timeout(self.inner.config.timeout, call).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(self.failure(&format!("{what} failed"), e)),
+            Err(_) => Err(self.failure(
+                &format!("{what} timed out"),
+                format!("no answer within {:?}", self.inner.config.timeout),
+            )),
+        }
+    }
+
     /// Sends `PING` and waits for the answer, within the timeout.
     pub async fn ping(&self) -> Result<(), Error> {
         let mut connection = self.inner.connection.clone();
         let command = redis::cmd("PING");
-        let ping = command.query_async::<String>(&mut connection);
-        match tokio::time::timeout(self.inner.config.timeout, ping).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(self.failure("PING failed", e)),
-            Err(_) => Err(self.failure(
-                "PING timed out",
-                format!("no answer within {:?}", self.inner.config.timeout),
-            )),
-        }
+        self.bounded("PING", command.query_async::<String>(&mut connection))
+            .await
+            .map(|_| ())
     }
 
     async fn run(
@@ -382,16 +393,7 @@ impl RedisStore {
                 other => other,
             }
         };
-        let value = match tokio::time::timeout(self.inner.config.timeout, call).await {
-            Ok(Ok(value)) => value,
-            Ok(Err(e)) => return Err(self.failure("the script failed", e)),
-            Err(_) => {
-                return Err(self.failure(
-                    "timed out",
-                    format!("no answer within {:?}", self.inner.config.timeout),
-                ));
-            }
-        };
+        let value = self.bounded("the script", call).await?;
         match parse_reply(value) {
             Some(Reply::Conflict { stored }) => Err(Error::ConflictingLimits {
                 key: key.to_owned(),
