@@ -70,6 +70,8 @@ struct Section {
     tokens_burst: Option<u64>,
     estimator: Option<String>,
     timeout: Option<Option<Duration>>,
+    /// A field here was refused (and reported): merging says nothing more about the section.
+    refused: bool,
 }
 
 fn with_burst(rates: &Rates, burst: Option<u64>) -> Result<Rates, String> {
@@ -87,6 +89,7 @@ fn with_burst(rates: &Rates, burst: Option<u64>) -> Result<Rates, String> {
 /// Reads one section, adding a line to `problems` for each bad field.
 fn section(name: &str, table: &toml::Table, problems: &mut Vec<String>) -> Section {
     let mut out = Section::default();
+    let before = problems.len();
     for (field, value) in table {
         let at = format!("{name}.{field}");
         let text = || value.as_str().map(str::to_owned);
@@ -110,10 +113,14 @@ fn section(name: &str, table: &toml::Table, problems: &mut Vec<String>) -> Secti
                 _ => problems.push(format!("{at}: expected a whole number of at least 1")),
             },
             "estimator" => match text() {
-                Some(name) => out.estimator = Some(name),
+                // Checked now, so that a misspelt name fails at load rather than at every call.
+                Some(name) => match tollgate_estimators::check_name(&name) {
+                    Ok(()) => out.estimator = Some(name),
+                    Err(err) => problems.push(format!("{at}: {err}")),
+                },
                 None => problems.push(format!("{at}: expected an estimator name like \"openai\"")),
             },
-            "timeout" => match text().map(|t| crate::duration::parse_timeout(&t)) {
+            "timeout" => match text().map(|t| tollgate_grammar::parse_timeout(&t)) {
                 Some(Ok(timeout)) => out.timeout = Some(timeout),
                 Some(Err(err)) => problems.push(format!("{at}: {err}")),
                 None => problems.push(format!("{at}: expected a duration like \"30s\" or \"none\"")),
@@ -123,6 +130,7 @@ fn section(name: &str, table: &toml::Table, problems: &mut Vec<String>) -> Secti
             )),
         }
     }
+    out.refused = problems.len() > before;
     out
 }
 
@@ -149,9 +157,12 @@ fn merge(
     };
     let limits = Limits::new(requests, tokens);
     if limits.is_empty() {
-        problems.push(format!(
-            "{name}: no requests or tokens here or in [default]; give at least one rate"
-        ));
+        // A refused rate was reported already; saying the section has none would mislead.
+        if !own.refused && !default.refused {
+            problems.push(format!(
+                "{name}: no requests or tokens here or in [default]; give at least one rate"
+            ));
+        }
         return None;
     }
     Some(KeyConfig {
@@ -183,7 +194,11 @@ impl Config {
     ///     timeout = "soon"
     ///     tokens = "1/s"
     /// "#).unwrap_err();
-    /// assert_eq!(err.to_string().lines().count(), 3);
+    /// let lines: Vec<_> = err.to_string().lines().map(str::to_owned).collect();
+    /// assert_eq!(lines, [
+    ///     "configuration: keys.a.requests: rate `5/q`: unknown unit `q`; expected s, m, h or d (or ms), optionally with a count like `5m`",
+    ///     "keys.b.timeout: timeout `soon`: expected a duration like \"30s\", \"500ms\", \"2m\" or \"1h\", or \"none\" to wait as long as it takes",
+    /// ]);
     /// # Ok::<(), tollgate::Error>(())
     /// ```
     pub fn from_toml(text: &str) -> Result<Config, Error> {
@@ -196,6 +211,12 @@ impl Config {
         for (name, value) in &table {
             match (name.as_str(), value.as_table()) {
                 ("default", Some(t)) => default = section("default", t, &mut problems),
+                ("default", None) => problems
+                    .push("default: expected a table of settings, written [default]".to_owned()),
+                ("keys", None) => problems.push(
+                    "keys: expected tables of settings, one per key, written [keys.<name>]"
+                        .to_owned(),
+                ),
                 ("keys", Some(t)) => {
                     for (key, value) in t {
                         match value.as_table() {

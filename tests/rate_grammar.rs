@@ -2,8 +2,7 @@
 
 use std::time::Duration;
 
-use tollgate::rate::RateErrorKind;
-use tollgate::{Limits, Rate, Rates};
+use tollgate::{Limits, Rate, RateErrorKind, Rates};
 
 fn rate(text: &str) -> Rate {
     text.parse()
@@ -255,4 +254,75 @@ fn programmatic_rates_check_their_inputs() {
     let r = Rate::new(5, SEC).unwrap().with_burst(10).unwrap();
     assert_eq!(r, rate("5/s burst 10"));
     assert!(Rate::new(5, SEC).unwrap().with_burst(0).is_err());
+}
+
+/// Limits with up to two windows in each currency, over the whole grammar's range.
+fn limits_strategy() -> impl proptest::strategy::Strategy<Value = Limits> {
+    use proptest::prelude::*;
+    let rate = (
+        1u64..=u64::MAX,
+        1u64..=86_400_000,
+        prop::option::of(1u64..=u64::MAX),
+    )
+        .prop_filter_map("fits the grammar's bound", |(amount, period_ms, burst)| {
+            let rate = Rate::new(amount, Duration::from_millis(period_ms)).ok()?;
+            match burst {
+                Some(b) => rate.with_burst(b).ok(),
+                None => Some(rate),
+            }
+        });
+    let rates = prop::collection::vec(rate, 0..3).prop_map(Rates::from);
+    (rates.clone(), rates).prop_map(|(r, t)| Limits::new(r, t))
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2_000))]
+
+    #[test]
+    fn limits_round_trip_through_json_and_toml(limits in limits_strategy()) {
+        let json = serde_json::to_string(&limits).unwrap();
+        proptest::prop_assert_eq!(&serde_json::from_str::<Limits>(&json).unwrap(), &limits);
+        let text = toml::to_string(&limits).unwrap();
+        proptest::prop_assert_eq!(&toml::from_str::<Limits>(&text).unwrap(), &limits);
+        for rates in [limits.requests(), limits.tokens()] {
+            let json = serde_json::to_string(rates).unwrap();
+            proptest::prop_assert_eq!(&serde_json::from_str::<Rates>(&json).unwrap(), rates);
+            for rate in rates.as_slice() {
+                let json = serde_json::to_string(rate).unwrap();
+                proptest::prop_assert_eq!(serde_json::from_str::<Rate>(&json).unwrap(), *rate);
+            }
+        }
+    }
+}
+
+#[test]
+fn limits_without_a_currency_survive_serde() {
+    let requests_only = Limits::parse("5/s", "").unwrap();
+    let json = serde_json::to_string(&requests_only).unwrap();
+    assert_eq!(json, r#"{"requests":"5/s"}"#);
+    assert_eq!(
+        serde_json::from_str::<Limits>(&json).unwrap(),
+        requests_only
+    );
+    let text = toml::to_string(&requests_only).unwrap();
+    assert_eq!(toml::from_str::<Limits>(&text).unwrap(), requests_only);
+    assert_eq!(
+        serde_json::from_str::<Limits>("{}").unwrap(),
+        Limits::default()
+    );
+    for currency in [tollgate::Currency::Requests, tollgate::Currency::Tokens] {
+        let json = serde_json::to_string(&currency).unwrap();
+        assert_eq!(
+            serde_json::from_str::<tollgate::Currency>(&json).unwrap(),
+            currency
+        );
+    }
+}
+
+#[test]
+fn unknown_fields_in_limits_are_refused() {
+    let err = serde_json::from_str::<Limits>(r#"{"request":"5/s","tokns":"100/m"}"#).unwrap_err();
+    assert!(err.to_string().contains("unknown field `request`"), "{err}");
+    let err = toml::from_str::<Limits>("tokens = \"100/m\"\noutput = \"5/s\"").unwrap_err();
+    assert!(err.to_string().contains("unknown field `output`"), "{err}");
 }

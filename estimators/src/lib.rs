@@ -39,6 +39,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
+use tollgate_grammar::{EstimatorName, EstimatorNameError};
+
 pub mod extract;
 #[cfg(feature = "huggingface")]
 mod huggingface;
@@ -92,9 +94,7 @@ impl<E: Estimator + ?Sized> Estimator for &E {
 #[non_exhaustive]
 pub enum EstimatorError {
     /// The name is none of those in the table in the crate docs.
-    #[error(
-        "unknown estimator `{0}`; expected openai, openai:<model>, tiktoken:<encoding>, voyageai, hf:<path to tokenizer.json> or words"
-    )]
+    #[error("{}", EstimatorNameError::Unknown(.0.clone()))]
     UnknownName(String),
     /// `openai:<model>` with a model tiktoken-rs does not know.
     #[error(
@@ -174,19 +174,80 @@ fn cached(name: &str, fallback: bool) -> Result<Arc<dyn Estimator>, EstimatorErr
 }
 
 fn build(name: &str, fallback: bool) -> Result<Arc<dyn Estimator>, EstimatorError> {
-    let trimmed = name.trim();
-    let (family, arg) = match trimmed.split_once(':') {
-        Some((family, arg)) => (family.trim().to_ascii_lowercase(), Some(arg.trim())),
-        None => (trimmed.to_ascii_lowercase(), None),
+    match EstimatorName::parse(name)? {
+        EstimatorName::Words => Ok(Arc::new(Words)),
+        EstimatorName::OpenAi => tiktoken_named(name, "o200k_base", false),
+        EstimatorName::OpenAiModel(model) => tiktoken_named(name, model, true),
+        EstimatorName::Tiktoken(encoding) => tiktoken_named(name, encoding.name(), false),
+        EstimatorName::Voyage => voyage_named(name),
+        EstimatorName::HuggingFace(path) => hf_named(name, path, fallback),
+    }
+}
+
+/// Checks `name` without loading any vocabulary: that it is an estimator's name, that this
+/// build has its cargo feature, and for `openai:<model>` that the model has a known encoding.
+/// What it can't check without reading a file (a Hugging Face path) is left to [`estimator`].
+///
+/// ```
+/// use tollgate_estimators::check_name;
+///
+/// assert!(check_name("openai:gpt-4o").is_ok());
+/// assert!(check_name("hf:/any/path/tokenizer.json").is_ok() || cfg!(not(feature = "huggingface")));
+/// assert_eq!(
+///     check_name("nonsense").unwrap_err().to_string(),
+///     "unknown estimator `nonsense`; expected openai, openai:<model>, tiktoken:<encoding>, voyageai, hf:<path to tokenizer.json> or words"
+/// );
+/// ```
+pub fn check_name(name: &str) -> Result<(), EstimatorError> {
+    let feature = |feature: &'static str, on: bool| {
+        if on {
+            Ok(())
+        } else {
+            Err(EstimatorError::FeatureDisabled {
+                name: name.to_owned(),
+                feature,
+            })
+        }
     };
-    match (family.as_str(), arg) {
-        ("words", None) => Ok(Arc::new(Words)),
-        ("openai" | "tiktoken", None) => tiktoken_named(name, "o200k_base", false),
-        ("openai", Some(model)) => tiktoken_named(name, model, true),
-        ("tiktoken", Some(encoding)) => tiktoken_named(name, encoding, false),
-        ("voyageai" | "voyage", None) => voyage_named(name),
-        ("hf" | "huggingface", Some(path)) => hf_named(name, path, fallback),
-        _ => Err(EstimatorError::UnknownName(name.to_owned())),
+    match EstimatorName::parse(name)? {
+        EstimatorName::Words => Ok(()),
+        EstimatorName::OpenAi | EstimatorName::Tiktoken(_) => {
+            feature("tiktoken", cfg!(feature = "tiktoken"))
+        }
+        EstimatorName::OpenAiModel(model) => {
+            feature("tiktoken", cfg!(feature = "tiktoken"))?;
+            check_model(name, model)
+        }
+        EstimatorName::Voyage => feature("voyage", cfg!(feature = "voyage")),
+        EstimatorName::HuggingFace(_) => feature("huggingface", cfg!(feature = "huggingface")),
+    }
+}
+
+#[cfg(feature = "tiktoken")]
+fn check_model(name: &str, model: &str) -> Result<(), EstimatorError> {
+    match tiktoken_rs::tokenizer::get_tokenizer(model) {
+        Some(_) => Ok(()),
+        None => Err(EstimatorError::UnknownModel {
+            name: name.to_owned(),
+            model: model.to_owned(),
+        }),
+    }
+}
+
+#[cfg(not(feature = "tiktoken"))]
+fn check_model(_: &str, _: &str) -> Result<(), EstimatorError> {
+    Ok(())
+}
+
+impl From<EstimatorNameError> for EstimatorError {
+    fn from(err: EstimatorNameError) -> EstimatorError {
+        match err {
+            EstimatorNameError::UnknownEncoding { name, encoding } => {
+                EstimatorError::UnknownEncoding { name, encoding }
+            }
+            EstimatorNameError::Unknown(name) => EstimatorError::UnknownName(name),
+            other => EstimatorError::UnknownName(other.to_string()),
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 
 use tiktoken_rs::CoreBPE;
 use tiktoken_rs::tokenizer::{Tokenizer, get_tokenizer};
+use tollgate_grammar::Encoding;
 
 use crate::{Estimator, EstimatorError};
 
@@ -95,14 +96,16 @@ impl Tiktoken {
     /// An encoding by name: `o200k_base`, `cl100k_base`, `p50k_base`, `p50k_edit`,
     /// `r50k_base` (also `gpt2`), `o200k_harmony`.
     pub fn for_encoding(encoding: &str) -> Result<Tiktoken, EstimatorError> {
-        let tokenizer = match encoding.to_ascii_lowercase().as_str() {
-            "o200k_base" => Tokenizer::O200kBase,
-            "o200k_harmony" => Tokenizer::O200kHarmony,
-            "cl100k_base" => Tokenizer::Cl100kBase,
-            "p50k_base" => Tokenizer::P50kBase,
-            "p50k_edit" => Tokenizer::P50kEdit,
-            "r50k_base" | "gpt2" => Tokenizer::R50kBase,
-            _ => {
+        let tokenizer = match Encoding::parse(encoding) {
+            Some(Encoding::O200kBase) => Tokenizer::O200kBase,
+            Some(Encoding::O200kHarmony) => Tokenizer::O200kHarmony,
+            Some(Encoding::Cl100kBase) => Tokenizer::Cl100kBase,
+            Some(Encoding::P50kBase) => Tokenizer::P50kBase,
+            Some(Encoding::P50kEdit) => Tokenizer::P50kEdit,
+            Some(Encoding::R50kBase) => Tokenizer::R50kBase,
+            // The grammar's list is the one list; an encoding it adds reads as unknown here
+            // until this crate maps it.
+            Some(_) | None => {
                 return Err(EstimatorError::UnknownEncoding {
                     name: format!("tiktoken:{encoding}"),
                     encoding: encoding.to_owned(),

@@ -10,16 +10,6 @@ use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
 use syn::{Expr, ExprLit, FnArg, Ident, ItemFn, Lit, LitStr, Pat, ReturnType, Token, Type};
 
-/// The library's own rate grammar (src/rate.rs), so that what compiles is what parses.
-#[allow(dead_code, missing_docs)]
-#[path = "../../src/rate.rs"]
-mod rate;
-
-/// The library's own timeout grammar (src/duration.rs).
-#[allow(dead_code)]
-#[path = "../../src/duration.rs"]
-mod duration;
-
 const OPTIONS: &str =
     "key, requests, tokens, estimator, timeout, tokens_from, reserve_output, retries";
 
@@ -144,43 +134,22 @@ fn parse_options(attr: TokenStream2) -> syn::Result<Options> {
 fn rates_literal(opt: &Opt, example: &str) -> syn::Result<LitStr> {
     let lit = string_literal(opt, example)?;
     lit.value()
-        .parse::<rate::Rates>()
+        .parse::<tollgate_grammar::Rates>()
         .map_err(|err| syn::Error::new(lit.span(), err.to_string()))?;
     Ok(lit)
 }
 
 fn check_estimator(lit: &LitStr) -> syn::Result<()> {
-    let value = lit.value();
-    let family = value
-        .split(':')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    let has_arg = value.contains(':');
-    let known = match family.as_str() {
-        "openai" | "tiktoken" => true,
-        "voyageai" | "voyage" | "words" => !has_arg,
-        "hf" | "huggingface" => has_arg,
-        _ => false,
-    };
-    if known {
-        Ok(())
-    } else {
-        Err(syn::Error::new(
-            lit.span(),
-            format!(
-                "unknown estimator `{value}`; expected openai, openai:<model>, tiktoken:<encoding>, voyageai, hf:<path to tokenizer.json> or words"
-            ),
-        ))
-    }
+    tollgate_grammar::EstimatorName::parse(&lit.value())
+        .map(|_| ())
+        .map_err(|err| syn::Error::new(lit.span(), err.to_string()))
 }
 
 /// `"30s"`, `"500ms"`, `"2m"`, `"1h"` or `"none"`: the nanoseconds, or `None` for no deadline.
 fn parse_timeout(lit: &LitStr) -> syn::Result<Option<u64>> {
-    duration::parse_timeout(&lit.value())
+    tollgate_grammar::parse_timeout(&lit.value())
         .map(|timeout| timeout.map(|d| d.as_nanos() as u64))
-        .map_err(|message| syn::Error::new(lit.span(), message))
+        .map_err(|err| syn::Error::new(lit.span(), err.to_string()))
 }
 
 fn argument_list(opt: &Opt) -> syn::Result<Vec<Ident>> {
