@@ -75,7 +75,7 @@ pub use limiter::{Attempt, Limiter, LimiterBuilder, Permit, WaitPolicy, default_
 pub use macro_support::RateLimited;
 pub use rate::{Currency, Limits, Rate, RateError, RateErrorKind, Rates};
 pub use registry::{Registry, install_store};
-pub use retry_after::parse_retry_after;
+pub use retry_after::{MAX_RETRY_AFTER, parse_retry_after};
 pub use store::{AnyStore, MemoryStore, Store};
 /// The estimators crate: token counts from a call's arguments.
 pub use tollgate_estimators as estimators;
