@@ -13,7 +13,14 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use redis_server::RedisServer;
 use tollgate::store::redis::RedisStore;
+use tollgate::store::{Op, Outcome};
 use tollgate::{Cost, Limits, Store};
+
+/// An admission that never waits.
+const TRY: Op = Op::Acquire {
+    cost: Cost::call(700),
+    max_wait: Some(Duration::ZERO),
+};
 
 /// The server to measure: `TOLLGATE_BENCH_REDIS`, or one started for the run.
 fn server() -> (Option<RedisServer>, String) {
@@ -47,7 +54,8 @@ fn round_trips(c: &mut Criterion) {
         .block_on(client.get_multiplexed_async_connection())
         .unwrap();
     // Never refused: the bench measures the round trip, not waiting.
-    let limits = Arc::new(Limits::parse("1000000000/s", "1000000000000/s").unwrap());
+    let limits = Limits::parse("1000000000/s", "1000000000/s").unwrap();
+    let key = Arc::new(store.bind("bench", &limits).unwrap());
 
     let mut group = c.benchmark_group("redis_round_trip");
     group.bench_function("ping", |b| {
@@ -67,15 +75,12 @@ fn round_trips(c: &mut Criterion) {
     });
     group.bench_function("acquire_two_buckets", |b| {
         b.iter_custom(|iters| {
-            let (store, limits) = (store.clone(), Arc::clone(&limits));
+            let (store, key) = (store.clone(), Arc::clone(&key));
             runtime.block_on(async move {
                 let start = Instant::now();
                 for _ in 0..iters {
-                    let decision = store
-                        .try_acquire("bench", &limits, Cost::call(700))
-                        .await
-                        .unwrap();
-                    assert!(decision.is_admitted());
+                    let outcome = store.apply(&key, TRY).await.unwrap();
+                    assert_eq!(outcome, Outcome::Admitted);
                 }
                 start.elapsed()
             })
@@ -88,19 +93,16 @@ fn round_trips(c: &mut Criterion) {
     for tasks in [1u64, 50] {
         group.bench_function(format!("{tasks}_tasks"), |b| {
             b.iter_custom(|iters| {
-                let (store, limits) = (store.clone(), Arc::clone(&limits));
+                let (store, key) = (store.clone(), Arc::clone(&key));
                 runtime.block_on(async move {
                     let per_task = iters.div_ceil(tasks);
                     let start = Instant::now();
                     let handles: Vec<_> = (0..tasks)
                         .map(|_| {
-                            let (store, limits) = (store.clone(), Arc::clone(&limits));
+                            let (store, key) = (store.clone(), Arc::clone(&key));
                             tokio::spawn(async move {
                                 for _ in 0..per_task {
-                                    store
-                                        .try_acquire("bench", &limits, Cost::call(700))
-                                        .await
-                                        .unwrap();
+                                    store.apply(&key, TRY).await.unwrap();
                                 }
                             })
                         })

@@ -1,10 +1,12 @@
 //! Jittered exponential backoff, floored at the store's own "ready in" hint.
 //!
-//! A waiter never wakes before its tokens can exist: every sleep is the hint plus a random
-//! jitter. The jitter's ceiling starts at `base` and doubles each time the waiter wakes and
-//! still can't pass (someone else took the tokens, or another process shares the key), up to
-//! `cap`. Jitter spreads waiters that share a key across processes, so that they don't all wake
-//! at the same instant and race for the same tokens.
+//! A waiter never wakes before its tokens can exist: every sleep after a failed attempt is the
+//! hint plus a random jitter. The jitter's ceiling starts at `base` and doubles each time the
+//! waiter wakes and still can't pass (a call ahead was late, a penalty came in, another process
+//! took the tokens), up to `cap`. Jitter spreads waiters that would otherwise wake at the same
+//! instant and race for the same tokens. The first sleep, to a ticket's due time, has none:
+//! every waiter has a due time of its own, so there is no herd to spread, and jitter there
+//! would only cost throughput.
 
 use std::time::Duration;
 
@@ -20,37 +22,60 @@ use rand::Rng;
 /// let hint = Duration::from_millis(200);
 /// // With the random draw at its extremes, the sleep spans hint ..= hint + base·2^attempt.
 /// assert_eq!(backoff.delay(hint, 0, 0.0), hint);
-/// assert_eq!(backoff.delay(hint, 2, 1.0), hint + backoff.base * 4);
+/// assert_eq!(backoff.delay(hint, 2, 1.0), hint + backoff.base() * 4);
 /// // The ceiling stops growing at `cap`.
-/// assert_eq!(backoff.delay(hint, 30, 1.0), hint + backoff.cap);
+/// assert_eq!(backoff.delay(hint, 30, 1.0), hint + backoff.cap());
+///
+/// let patient = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
+/// assert_eq!(patient.ceiling(3), Duration::from_millis(400));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {
-    /// The jitter ceiling of the first sleep. Default 5 ms.
-    pub base: Duration,
-    /// The largest jitter ceiling. Default 1 s.
-    pub cap: Duration,
-    /// Whether to add jitter at all; without it every sleep is exactly the hint. Default true.
-    pub jitter: bool,
+    base: Duration,
+    cap: Duration,
+    jitter: bool,
 }
 
 impl Default for Backoff {
+    /// Base 5 ms, cap 1 s, with jitter.
     fn default() -> Backoff {
-        Backoff {
-            base: Duration::from_millis(5),
-            cap: Duration::from_secs(1),
-            jitter: true,
-        }
+        Backoff::new(Duration::from_millis(5), Duration::from_secs(1))
     }
 }
 
 impl Backoff {
+    /// A jitter ceiling of `base` on the first retry, doubling up to `cap`.
+    pub fn new(base: Duration, cap: Duration) -> Backoff {
+        Backoff {
+            base,
+            cap,
+            jitter: true,
+        }
+    }
+
     /// No jitter: sleep exactly the hint each time.
     pub fn exact() -> Backoff {
-        Backoff {
-            jitter: false,
-            ..Backoff::default()
-        }
+        Backoff::default().with_jitter(false)
+    }
+
+    /// The same backoff with jitter on or off.
+    pub fn with_jitter(self, jitter: bool) -> Backoff {
+        Backoff { jitter, ..self }
+    }
+
+    /// The jitter ceiling of the first retry.
+    pub fn base(&self) -> Duration {
+        self.base
+    }
+
+    /// The largest jitter ceiling.
+    pub fn cap(&self) -> Duration {
+        self.cap
+    }
+
+    /// Whether sleeps get jitter at all.
+    pub fn jitter(&self) -> bool {
+        self.jitter
     }
 
     /// The jitter ceiling after `attempt` failed wake-ups: `min(cap, base · 2^attempt)`.

@@ -1,9 +1,8 @@
 //! Where "now" comes from.
 //!
-//! The in-process store reads [`Clock`] under its lock, so the time a key sees never runs
-//! backwards. [`Clock::tokio`] follows `tokio::time::Instant`, which means that
-//! `tokio::time::pause()` drives every bucket and every wait in tests; [`ManualClock`] is moved
-//! by hand, for tests of the arithmetic that want exact instants.
+//! The in-process store follows `tokio::time::Instant`, which means that `tokio::time::pause()`
+//! drives every window and every wait in tests; [`ManualClock`] is moved by hand, for tests of
+//! the arithmetic that want exact instants.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,7 +12,7 @@ use crate::bucket::Nanos;
 
 /// A source of monotonic time for a store.
 #[derive(Debug, Clone)]
-pub enum Clock {
+pub(crate) enum Clock {
     /// `tokio::time::Instant`, measured from the instant the clock was made.
     Tokio(tokio::time::Instant),
     /// Time that moves only when told to.
@@ -22,7 +21,7 @@ pub enum Clock {
 
 impl Clock {
     /// Tokio's clock, starting now.
-    pub fn tokio() -> Clock {
+    pub(crate) fn tokio() -> Clock {
         Clock::Tokio(tokio::time::Instant::now())
     }
 
@@ -31,7 +30,7 @@ impl Clock {
     /// Tokio's clock reads from [`TOKIO_BIAS`] up, so that a reading earlier than the origin
     /// (another runtime whose paused clock lags this one, in tests) is still an instant that
     /// orders correctly instead of collapsing to zero.
-    pub fn now(&self) -> Nanos {
+    pub(crate) fn now(&self) -> Nanos {
         match self {
             Clock::Tokio(origin) => {
                 let now = tokio::time::Instant::now();
@@ -49,25 +48,13 @@ impl Clock {
 
 /// Where tokio's clock starts counting (2^62 ns, about 146 years): room below for readings
 /// before the origin, and above for centuries after it.
-pub const TOKIO_BIAS: u64 = 1 << 62;
-
-impl Default for Clock {
-    fn default() -> Clock {
-        Clock::tokio()
-    }
-}
-
-impl From<ManualClock> for Clock {
-    fn from(manual: ManualClock) -> Clock {
-        Clock::Manual(manual)
-    }
-}
+const TOKIO_BIAS: u64 = 1 << 62;
 
 /// A clock that moves only when told to; clones share the same time.
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate::clock::ManualClock;
+/// use tollgate::ManualClock;
 ///
 /// let clock = ManualClock::new();
 /// clock.advance(Duration::from_millis(250));
@@ -87,7 +74,7 @@ impl ManualClock {
     }
 
     /// The current time since the origin.
-    pub fn now(&self) -> Nanos {
+    pub(crate) fn now(&self) -> Nanos {
         Nanos(self.nanos.load(Ordering::SeqCst))
     }
 

@@ -298,7 +298,7 @@ pub fn install_config(config: Config) -> Result<(), Error> {
 
 /// The process-wide configuration: the installed one, else the file named by the
 /// `TOLLGATE_CONFIG` environment variable (read once; a bad file is reported at every use).
-pub fn global_config() -> Result<Option<&'static Config>, Error> {
+pub(crate) fn global_config() -> Result<Option<&'static Config>, Error> {
     static FROM_ENV: OnceLock<Result<(), Vec<String>>> = OnceLock::new();
     let config = GLOBAL.get_or_init(|| {
         let path = std::env::var_os("TOLLGATE_CONFIG")?;

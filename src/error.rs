@@ -1,9 +1,14 @@
 //! One error enum; every variant says what to do about it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::bucket::{BucketError, Cost};
+use crate::bucket::BucketError;
+use crate::cost::Cost;
 use crate::rate::{Currency, Limits, Rate, RateError};
+
+/// The cause of a store's failure, shared so that every waiter it fails can carry it.
+pub type Cause = Arc<dyn std::error::Error + Send + Sync>;
 
 /// Everything that can go wrong in tollgate.
 ///
@@ -17,7 +22,7 @@ pub enum Error {
     #[error(transparent)]
     Rate(#[from] RateError),
 
-    /// A cost that no window can take: zero in a limited currency.
+    /// A cost that pays for nothing: zero in every currency.
     #[error("key `{key}`: cost {cost} is invalid: {reason}")]
     InvalidCost {
         /// The key.
@@ -110,15 +115,47 @@ pub enum Error {
         to: Duration,
     },
 
-    /// The store failed (Redis down, timed out, answered garbage). Nothing was admitted.
+    /// The store could not be reached, or did not answer in time (Redis down, stopped, or the
+    /// network cut). Nothing was admitted. This is what `fail_open` turns into an admission;
+    /// retrying later may succeed.
+    #[error("store unavailable: {message}")]
+    Unavailable {
+        /// What failed, without secrets.
+        message: String,
+        /// The underlying error (passwords scrubbed).
+        #[source]
+        source: Option<Cause>,
+    },
+
+    /// The store answered, but with an error or with something this version can't read (a
+    /// script error, a refused argument, a reply of the wrong shape). Nothing was admitted.
     #[error("store: {message}")]
     Store {
         /// What failed, without secrets.
         message: String,
-        /// The underlying error.
+        /// The underlying error (passwords scrubbed).
         #[source]
-        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+        source: Option<Cause>,
     },
+
+    /// Limits this store can't keep exactly (the Redis script's integers have a narrower range
+    /// than the in-memory arithmetic). Refused when the limiter is built, never approximated.
+    #[error("key `{key}`: the limits {limits} can't be kept by this store: {reason}")]
+    UnsupportedLimits {
+        /// The key.
+        key: String,
+        /// The limits asked for.
+        limits: Limits,
+        /// Which window is out of range, and what would fit.
+        reason: String,
+    },
+
+    /// [`install_store`](crate::install_store) was called when the process-wide store was
+    /// already chosen. Call it once, at startup, before the first limited call.
+    #[error(
+        "the process-wide store is already chosen (install_store must be called once, before the first limited call)"
+    )]
+    StoreAlreadyInstalled,
 
     /// A configuration file with bad entries: every one is listed, with its key.
     #[error("configuration: {}", problems.join("\n"))]
@@ -134,26 +171,24 @@ pub enum Error {
         message: String,
         /// The underlying error.
         #[source]
-        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+        source: Option<Cause>,
     },
 }
 
 impl From<tollgate_estimators::EstimatorError> for Error {
     fn from(err: tollgate_estimators::EstimatorError) -> Error {
-        // The message already says all the cause says; a source would print it twice.
         Error::Estimator {
             message: err.to_string(),
-            source: None,
+            source: Some(Arc::new(err)),
         }
     }
 }
 
 impl From<tollgate_estimators::ExtractError> for Error {
     fn from(err: tollgate_estimators::ExtractError) -> Error {
-        // The message already says all the cause says; a source would print it twice.
         Error::Estimator {
             message: err.to_string(),
-            source: None,
+            source: Some(Arc::new(err)),
         }
     }
 }
@@ -162,12 +197,12 @@ impl Error {
     /// The error for bucket-level refusal `err` on `key`, with `cost` for context.
     pub(crate) fn from_bucket(key: &str, cost: Cost, err: BucketError) -> Error {
         match err {
-            BucketError::ZeroCost { currency } => Error::InvalidCost {
+            BucketError::ZeroCost => Error::InvalidCost {
                 key: key.to_owned(),
                 cost,
-                reason: format!(
-                    "a call pays at least 1 of every limited currency, and {currency} is limited"
-                ),
+                reason:
+                    "it is zero in every currency; a call pays at least one request or one token"
+                        .to_owned(),
             },
             BucketError::CostExceedsCapacity {
                 currency,
@@ -180,30 +215,49 @@ impl Error {
                 cost,
                 capacity: rate.burst(),
             },
-            BucketError::TimeWentBackwards { last, now } => Error::ClockWentBackwards {
-                from: last.as_duration(),
-                to: now.as_duration(),
-            },
         }
     }
 
-    /// A store error with a message and a cause.
-    pub fn store(
-        message: impl Into<String>,
-        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
-    ) -> Error {
+    /// A store that answered with an error: `message` says what failed, `source` why.
+    pub fn store(message: impl Into<String>, source: Option<Cause>) -> Error {
         Error::Store {
             message: message.into(),
-            source: Some(source.into()),
+            source,
+        }
+    }
+
+    /// A store that could not be reached or did not answer in time.
+    pub fn unavailable(message: impl Into<String>, source: Option<Cause>) -> Error {
+        Error::Unavailable {
+            message: message.into(),
+            source,
         }
     }
 
     /// True for errors that a later retry may not see (timeouts, a full queue, a store that
-    /// failed); false for errors in the input, which will fail again.
+    /// could not be reached); false for errors in the input or the setup, which will fail again.
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            Error::Timeout { .. } | Error::QueueFull { .. } | Error::Store { .. }
+            Error::Timeout { .. } | Error::QueueFull { .. } | Error::Unavailable { .. }
         )
+    }
+
+    /// The same error, for another waiter: a store failure is shared by every call it fails.
+    pub(crate) fn duplicate(&self) -> Error {
+        match self {
+            Error::Unavailable { message, source } => Error::Unavailable {
+                message: message.clone(),
+                source: source.clone(),
+            },
+            Error::Store { message, source } => Error::Store {
+                message: message.clone(),
+                source: source.clone(),
+            },
+            other => Error::Store {
+                message: other.to_string(),
+                source: None,
+            },
+        }
     }
 }

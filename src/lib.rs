@@ -37,9 +37,9 @@
 //!
 //! - **Both buckets, or none**: a call that one window can pay and another can't consumes
 //!   nothing.
-//! - **Exact**: the arithmetic is in integers scaled by the period in nanoseconds
-//!   ([`bucket`]), so decisions are those of exact rational arithmetic; a refusal keeps its
-//!   partial credit and a long silence refills to capacity, never beyond.
+//! - **Exact**: the arithmetic is in integers scaled by the period in nanoseconds, so decisions
+//!   are those of exact rational arithmetic; a refusal keeps its partial credit and a long
+//!   silence refills to capacity, never beyond.
 //! - **The window bound**: in any interval of length `dt`, the admitted cost of a window is at
 //!   most `B + r·dt`.
 //! - **Errors are for errors**: a cost above capacity is [`Error::CostExceedsCapacity`] at
@@ -49,34 +49,41 @@
 //!
 //! # Layers
 //!
-//! [`bucket`] is the pure arithmetic; a [`Store`] keeps the buckets of every key
-//! ([`MemoryStore`] in process); a [`Limiter`] is one key on a store with a [`WaitPolicy`];
-//! the [`Registry`] maps keys to limiters for the whole process.
+//! The bucket arithmetic is pure and exact; a [`Store`] keeps the windows of every key
+//! ([`MemoryStore`] in process, `store::redis::RedisStore` across processes); a [`Limiter`] is
+//! one key on a store with a [`WaitPolicy`]; the [`Registry`] maps keys to limiters for the
+//! whole process.
 
-#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub mod backoff;
-pub mod bucket;
-pub mod clock;
+mod backoff;
+mod bucket;
+mod clock;
 mod config;
+mod cost;
 mod error;
 mod limiter;
 mod macro_support;
-pub mod rate;
+mod rate;
 mod registry;
 mod retry_after;
 pub mod store;
+pub mod testing;
 
 pub use backoff::Backoff;
-pub use bucket::{Cost, Decision};
-pub use config::{Config, KeyConfig, global_config, install_config};
-pub use error::Error;
-pub use limiter::{Attempt, Limiter, LimiterBuilder, Permit, WaitPolicy, default_estimator};
+pub use bucket::{Available, Tokens};
+pub use clock::ManualClock;
+pub use config::{Config, KeyConfig, install_config};
+pub use cost::{Cost, Usage};
+pub use error::{Cause, Error};
+pub use limiter::{Attempt, Limiter, LimiterBuilder, Permit, Settled, WaitPolicy};
 pub use macro_support::RateLimited;
 pub use rate::{Currency, Limits, Rate, RateError, RateErrorKind, Rates};
 pub use registry::{Registry, install_store};
 pub use retry_after::{MAX_RETRY_AFTER, parse_retry_after};
-pub use store::{AnyStore, MemoryStore, Store};
+pub use store::{MemoryStore, Store};
 /// The estimators crate: token counts from a call's arguments.
 pub use tollgate_estimators as estimators;
 pub use tollgate_estimators::{Estimate, Estimator};

@@ -7,8 +7,8 @@ use std::time::Duration;
 use serde::Serialize;
 use tollgate_estimators::{Estimate, Estimator};
 
-use crate::bucket::Cost;
 use crate::config::KeyConfig;
+use crate::cost::Cost;
 use crate::error::Error;
 use crate::limiter::{Limiter, Permit};
 use crate::rate::{Limits, Rates};
@@ -40,6 +40,7 @@ pub struct Site {
 }
 
 /// What one call resolved: its limiter, and where its estimator and timeout come from.
+#[derive(Debug)]
 pub struct Call<'a> {
     site: &'a Site,
     limiter: Limiter,
@@ -80,14 +81,10 @@ impl Site {
         }
         // The macro parsed these strings when the code compiled; this parse can't fail unless
         // the macro and the library disagree, and then it says so rather than panicking.
-        let parse = |text: &str| -> Result<Rates, Error> {
-            if text.is_empty() {
-                Ok(Rates::none())
-            } else {
-                Ok(text.parse()?)
-            }
-        };
-        let limits = Limits::new(parse(self.requests)?, parse(self.tokens)?);
+        let limits = Limits::new(
+            Rates::parse_or_none(self.requests)?,
+            Rates::parse_or_none(self.tokens)?,
+        );
         Ok(self.limits.get_or_init(|| limits))
     }
 
@@ -174,14 +171,9 @@ impl Call<'_> {
         }
     }
 
-    /// Pays one request plus `tokens` (at least 1 when tokens are limited), waiting up to the
-    /// call's timeout.
+    /// Pays one request plus `tokens`, waiting up to the call's timeout.
     pub async fn acquire(&self, tokens: u64) -> Result<Permit, Error> {
-        let tokens = if self.counts_tokens() {
-            tokens.max(1)
-        } else {
-            0
-        };
+        let tokens = if self.counts_tokens() { tokens } else { 0 };
         let cost = Cost::call(tokens);
         match self.timeout() {
             Timeout::Default => self.limiter.acquire(cost).await,
@@ -198,11 +190,7 @@ impl Call<'_> {
         retry_after: Option<Duration>,
         attempt: u32,
     ) -> Result<(), Error> {
-        let backoff = crate::Backoff {
-            base: Duration::from_secs(1),
-            cap: Duration::from_secs(60),
-            jitter: true,
-        };
+        let backoff = crate::Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
         let pause = retry_after.unwrap_or_else(|| backoff.ceiling(attempt));
         self.limiter.penalize(pause).await
     }
@@ -244,6 +232,12 @@ pub trait RateLimited {
 /// An argument, wrapped so that method resolution picks [`CountSerialize`] when its type
 /// implements `Serialize` and [`CountSkip`] otherwise.
 pub struct Arg<'a, T: ?Sized>(pub &'a T);
+
+impl<T: ?Sized> std::fmt::Debug for Arg<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Arg(..)")
+    }
+}
 
 /// Counts an argument whose type implements `Serialize`.
 pub trait CountSerialize {

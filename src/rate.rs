@@ -1,30 +1,37 @@
-//! Rates and limits: the grammar of `"100000/m"`, `"5/s burst 10"` and `"60/m; 1000/d"`.
+//! Limits: the windows of one key, in each currency a call pays.
 //!
-//! A [`Rate`] is a capacity (the burst) refilled at `amount` per `period`. [`Rates`] are the
-//! windows of one currency (a call must fit every one of them), and [`Limits`] pair the request
-//! windows with the token windows of one key.
-//!
-//! Every way in goes through one parser, the `tollgate-grammar` crate's: [`str::parse`],
-//! [`Rate::from_str`](std::str::FromStr::from_str), serde (a rate is serialized as its
-//! canonical string) and the `#[tollgate::limit]` macro, which runs the same parser when the
-//! code compiles.
+//! A [`Rate`] is a capacity (the burst) refilled at `amount` per `period`; [`Rates`] are the
+//! windows of one currency (a call must fit every one of them); [`Limits`] hold the windows of
+//! every currency of one key. Every way in goes through one parser, the `tollgate-grammar`
+//! crate's: [`str::parse`], serde (a rate is serialized as its canonical string) and the
+//! `#[tollgate::limit]` macro, which runs the same parser when the code compiles.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 pub use tollgate_grammar::{Rate, RateError, RateErrorKind, Rates};
 
 use crate::error::Error;
 
-/// The two currencies a call pays in.
+/// What a window counts. A [`Cost`](crate::Cost) has a part in each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum Currency {
     /// One per call.
     Requests,
-    /// The estimated text tokens of the call.
+    /// The (input) text tokens of the call, and for providers that meter input and output
+    /// together, the output it reserves.
     Tokens,
+    /// The output tokens a call reserves, for providers that limit output apart (Anthropic's
+    /// output tokens per minute).
+    OutputTokens,
+}
+
+impl Currency {
+    /// Every currency, in the order limits list them.
+    pub const ALL: [Currency; 3] = [Currency::Requests, Currency::Tokens, Currency::OutputTokens];
 }
 
 impl fmt::Display for Currency {
@@ -32,12 +39,15 @@ impl fmt::Display for Currency {
         f.write_str(match self {
             Currency::Requests => "requests",
             Currency::Tokens => "tokens",
+            Currency::OutputTokens => "output tokens",
         })
     }
 }
 
-/// The limits of one key: request windows (each call costs 1) and token windows (each call
-/// costs its estimate).
+/// The limits of one key: request windows (each call costs 1), token windows (each call costs
+/// its estimate) and, for providers that meter output apart, output-token windows.
+///
+/// Cloning is cheap: clones share one allocation.
 ///
 /// ```
 /// use tollgate::Limits;
@@ -45,6 +55,10 @@ impl fmt::Display for Currency {
 /// let limits = Limits::parse("500/m", "200000/m; 2000000/d")?;
 /// assert_eq!(limits.tokens().len(), 2);
 /// assert_eq!(limits.to_string(), "requests 500/m, tokens 200000/m; 2000000/d");
+///
+/// // Anthropic-style: input and output tokens limited apart.
+/// let anthropic = Limits::parse("50/m", "40000/m")?.with_output_tokens("8000/m".parse::<tollgate::Rates>()?);
+/// assert_eq!(anthropic.to_string(), "requests 50/m, tokens 40000/m, output tokens 8000/m");
 /// # Ok::<(), tollgate::Error>(())
 /// ```
 ///
@@ -60,22 +74,38 @@ impl fmt::Display for Currency {
 /// assert!(typo.unwrap_err().to_string().contains("unknown field `request`"));
 /// # Ok::<(), serde_json::Error>(())
 /// ```
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+pub struct Limits(Arc<Windows>);
+
 #[derive(Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Limits {
+struct Windows {
     #[serde(default, skip_serializing_if = "Rates::is_empty")]
     requests: Rates,
     #[serde(default, skip_serializing_if = "Rates::is_empty")]
     tokens: Rates,
+    #[serde(default, skip_serializing_if = "Rates::is_empty")]
+    output_tokens: Rates,
+}
+
+impl Windows {
+    fn of(&self, currency: Currency) -> &Rates {
+        match currency {
+            Currency::Requests => &self.requests,
+            Currency::Tokens => &self.tokens,
+            Currency::OutputTokens => &self.output_tokens,
+        }
+    }
 }
 
 impl Limits {
     /// Limits from request windows and token windows.
     pub fn new(requests: impl Into<Rates>, tokens: impl Into<Rates>) -> Limits {
-        Limits {
+        Limits(Arc::new(Windows {
             requests: requests.into(),
             tokens: tokens.into(),
-        }
+            output_tokens: Rates::none(),
+        }))
     }
 
     /// Limits from two rate strings; an empty string leaves that currency unlimited.
@@ -98,55 +128,106 @@ impl Limits {
         Limits::new(Rates::none(), tokens)
     }
 
+    /// The same limits with these output-token windows (for providers that limit output tokens
+    /// apart from input tokens).
+    pub fn with_output_tokens(self, output_tokens: impl Into<Rates>) -> Limits {
+        let Windows {
+            requests, tokens, ..
+        } = Arc::unwrap_or_clone(self.0);
+        Limits(Arc::new(Windows {
+            requests,
+            tokens,
+            output_tokens: output_tokens.into(),
+        }))
+    }
+
     /// The request windows.
     pub fn requests(&self) -> &Rates {
-        &self.requests
+        &self.0.requests
     }
 
     /// The token windows.
     pub fn tokens(&self) -> &Rates {
-        &self.tokens
+        &self.0.tokens
+    }
+
+    /// The output-token windows.
+    pub fn output_tokens(&self) -> &Rates {
+        &self.0.output_tokens
     }
 
     /// The windows of one currency.
     pub fn of(&self, currency: Currency) -> &Rates {
-        match currency {
-            Currency::Requests => &self.requests,
-            Currency::Tokens => &self.tokens,
-        }
+        self.0.of(currency)
     }
 
-    /// True when neither currency has a window.
+    /// Every window with its currency, requests first, in the order they were written.
+    pub fn windows(&self) -> impl Iterator<Item = (Currency, &Rate)> {
+        Currency::ALL
+            .into_iter()
+            .flat_map(move |c| self.of(c).as_slice().iter().map(move |r| (c, r)))
+    }
+
+    /// How many windows there are in all.
+    pub fn len(&self) -> usize {
+        Currency::ALL.iter().map(|c| self.of(*c).len()).sum()
+    }
+
+    /// True when no currency has a window.
     pub fn is_empty(&self) -> bool {
-        self.requests.is_empty() && self.tokens.is_empty()
+        self.len() == 0
     }
 
     /// How long the longest window takes to refill from empty: after this much silence every
     /// bucket of the key is full again.
     pub fn time_to_fill(&self) -> Duration {
-        self.requests
-            .as_slice()
-            .iter()
-            .chain(self.tokens.as_slice())
-            .map(Rate::time_to_fill)
+        self.windows()
+            .map(|(_, rate)| rate.time_to_fill())
             .max()
             .unwrap_or(Duration::ZERO)
+    }
+
+    /// True when both are the very same limits (one allocation): a cheap test before `==`.
+    pub(crate) fn same(&self, other: &Limits) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self == other
     }
 }
 
 impl fmt::Display for Limits {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match (self.requests.is_empty(), self.tokens.is_empty()) {
-            (true, true) => f.write_str("no limits"),
-            (false, true) => write!(f, "requests {}", self.requests),
-            (true, false) => write!(f, "tokens {}", self.tokens),
-            (false, false) => write!(f, "requests {}, tokens {}", self.requests, self.tokens),
+        let mut first = true;
+        for currency in Currency::ALL {
+            let rates = self.of(currency);
+            if rates.is_empty() {
+                continue;
+            }
+            if !first {
+                f.write_str(", ")?;
+            }
+            first = false;
+            write!(f, "{currency} {rates}")?;
         }
+        if first {
+            f.write_str("no limits")?;
+        }
+        Ok(())
     }
 }
 
 impl fmt::Debug for Limits {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Limits({self})")
+    }
+}
+
+impl Serialize for Limits {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Limits {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Limits, D::Error> {
+        Windows::deserialize(deserializer).map(|w| Limits(Arc::new(w)))
     }
 }

@@ -3,23 +3,24 @@
 use std::collections::HashMap;
 use std::sync::{LazyLock, OnceLock, PoisonError, RwLock};
 
-use tokio::time::Instant;
-
 use crate::error::Error;
-use crate::limiter::{Limiter, WaitPolicy};
+use crate::limiter::{Limiter, WaitPolicy, WeakLimiter};
 use crate::rate::Limits;
-use crate::store::{AnyStore, MemoryStore};
+use crate::store::AnyStore;
 
-/// Swept for idle keys once the map has doubled since the last sweep, never below this size.
+/// Swept for keys nobody holds once the map has doubled since the last sweep, never below this
+/// size.
 const MIN_SWEEP: usize = 1024;
 
 /// Maps each key to one [`Limiter`], so that every task and every `#[tollgate::limit]`
-/// function that names a key shares its buckets and its queue of waiters.
+/// function that names a key shares its windows and its waiters.
 ///
-/// Asking for a key that is live with different limits is [`Error::ConflictingLimits`]. Keys
-/// that nobody holds and that have been quiet long enough for their buckets to be full again
-/// are dropped, so a registry fed an unbounded stream of distinct keys (one per tenant, per
-/// host) stays bounded in memory.
+/// The registry remembers a limiter only while something holds it (a task, a permit, a waiting
+/// call, a cached literal key); the windows themselves live in the store, which keeps a key's
+/// state only while it says something (a window below capacity, a pause, calls waiting). So a
+/// registry fed an unbounded stream of distinct keys (one per tenant, per host) stays bounded in
+/// memory. Asking for a key that is live with different limits is
+/// [`Error::ConflictingLimits`].
 ///
 /// ```
 /// use tollgate::{Cost, Limits, Registry, MemoryStore};
@@ -48,38 +49,28 @@ pub struct Registry {
 
 #[derive(Debug, Default)]
 struct State {
-    limiters: HashMap<String, Entry>,
+    limiters: HashMap<Box<str>, WeakLimiter>,
     sweep_at: usize,
 }
 
-#[derive(Debug)]
-struct Entry {
-    limiter: Limiter,
-    /// The limiter's call count at the last sweep, and when that sweep saw it change.
-    seen_uses: u64,
-    seen_at: Instant,
-}
-
 static GLOBAL_STORE: OnceLock<AnyStore> = OnceLock::new();
-static GLOBAL: LazyLock<Registry> = LazyLock::new(|| {
-    Registry::new(
-        GLOBAL_STORE
-            .get_or_init(|| AnyStore::Memory(MemoryStore::new()))
-            .clone(),
-    )
-});
+static GLOBAL: LazyLock<Registry> =
+    LazyLock::new(|| Registry::new(GLOBAL_STORE.get_or_init(AnyStore::default).clone()));
 
 /// Chooses the store of the process-wide registry, once, before its first use.
 ///
 /// The registry uses an in-memory store unless this is called first; call it at startup,
 /// before any `#[tollgate::limit]` function runs. Calling it twice, or after the registry is in
-/// use, is an error and changes nothing.
+/// use, is [`Error::StoreAlreadyInstalled`] and changes nothing.
 ///
 /// ```
 /// use tollgate::{install_store, MemoryStore};
 ///
 /// install_store(MemoryStore::new())?;
-/// assert!(install_store(MemoryStore::new()).is_err());
+/// assert!(matches!(
+///     install_store(MemoryStore::new()),
+///     Err(tollgate::Error::StoreAlreadyInstalled)
+/// ));
 /// # Ok::<(), tollgate::Error>(())
 /// ```
 pub fn install_store(store: impl Into<AnyStore>) -> Result<(), Error> {
@@ -87,10 +78,7 @@ pub fn install_store(store: impl Into<AnyStore>) -> Result<(), Error> {
     GLOBAL_STORE.get_or_init(|| store.take().expect("initialised once"));
     match store {
         None => Ok(()),
-        Some(_) => Err(Error::Store {
-            message: "the process-wide store is already chosen (install_store must be called once, before the first limited call)".to_owned(),
-            source: None,
-        }),
+        Some(_) => Err(Error::StoreAlreadyInstalled),
     }
 }
 
@@ -123,33 +111,31 @@ impl Registry {
         &self.store
     }
 
-    /// The limiter of `key`, made with `limits` if the key is new.
+    /// The limiter of `key`, made with `limits` if no live limiter has the key.
     ///
-    /// Fails with [`Error::ConflictingLimits`] when the key is live with other limits, and
-    /// with [`Error::NoLimits`] when `limits` is empty.
+    /// Fails with [`Error::ConflictingLimits`] when the key is live with other limits, with
+    /// [`Error::NoLimits`] when `limits` is empty, and with the store's refusal of the limits.
     pub fn limiter(&self, key: &str, limits: &Limits) -> Result<Limiter, Error> {
-        {
-            let state = self.state.read().unwrap_or_else(PoisonError::into_inner);
-            if let Some(entry) = state.limiters.get(key) {
-                return same_limits(&entry.limiter, limits).map(|()| entry.limiter.clone());
-            }
+        if let Some(live) = self.live(key) {
+            return same_limits(live, limits);
         }
         let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
-        if let Some(entry) = state.limiters.get(key) {
-            return same_limits(&entry.limiter, limits).map(|()| entry.limiter.clone());
+        if let Some(live) = state.limiters.get(key).and_then(WeakLimiter::upgrade) {
+            return same_limits(live, limits);
         }
         let limiter = Limiter::with_policy(key, limits.clone(), self.store.clone(), self.policy)?;
-        let now = Instant::now();
-        state.sweep(now);
-        state.limiters.insert(
-            key.to_owned(),
-            Entry {
-                limiter: limiter.clone(),
-                seen_uses: 0,
-                seen_at: now,
-            },
-        );
+        state.sweep();
+        state.limiters.insert(key.into(), limiter.downgrade());
         Ok(limiter)
+    }
+
+    fn live(&self, key: &str) -> Option<Limiter> {
+        self.state
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .limiters
+            .get(key)
+            .and_then(WeakLimiter::upgrade)
     }
 
     /// Penalizes `key` (see [`Limiter::penalize`]) if it is live here; answers whether it was.
@@ -158,66 +144,50 @@ impl Registry {
         key: &str,
         retry_after: std::time::Duration,
     ) -> Result<bool, Error> {
-        let limiter = self
-            .state
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .limiters
-            .get(key)
-            .map(|entry| entry.limiter.clone());
-        match limiter {
+        match self.live(key) {
             Some(limiter) => limiter.penalize(retry_after).await.map(|()| true),
             None => Ok(false),
         }
     }
 
-    /// How many keys the registry holds.
+    /// How many keys have a live limiter here.
     pub fn len(&self) -> usize {
         self.state
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .limiters
-            .len()
+            .values()
+            .filter(|weak| !weak.is_dead())
+            .count()
     }
 
-    /// True when the registry holds no key.
+    /// True when no key has a live limiter.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Drops every key that nobody holds and that has been quiet for as long as its buckets
-    /// take to fill (done on its own as the registry grows).
+    /// Forgets every key whose limiter nobody holds any more (done on its own as the registry
+    /// grows).
     pub fn sweep(&self) {
         let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
         state.sweep_at = 0;
-        state.sweep(Instant::now());
+        state.sweep();
     }
 }
 
 impl State {
-    fn sweep(&mut self, now: Instant) {
+    fn sweep(&mut self) {
         if self.limiters.len() < self.sweep_at {
             return;
         }
-        self.limiters.retain(|_, entry| {
-            let uses = entry.limiter.uses();
-            if uses != entry.seen_uses {
-                entry.seen_uses = uses;
-                entry.seen_at = now;
-                return true;
-            }
-            let quiet = now.saturating_duration_since(entry.seen_at);
-            entry.limiter.is_shared()
-                || entry.limiter.waiters() > 0
-                || quiet < entry.limiter.limits().time_to_fill()
-        });
+        self.limiters.retain(|_, weak| !weak.is_dead());
         self.sweep_at = (self.limiters.len() * 2).max(MIN_SWEEP);
     }
 }
 
-fn same_limits(limiter: &Limiter, limits: &Limits) -> Result<(), Error> {
-    if limiter.limits() == limits {
-        Ok(())
+fn same_limits(limiter: Limiter, limits: &Limits) -> Result<Limiter, Error> {
+    if limiter.limits().same(limits) {
+        Ok(limiter)
     } else {
         Err(Error::ConflictingLimits {
             key: limiter.key().to_owned(),

@@ -4,12 +4,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tollgate::clock::ManualClock;
-use tollgate::{Attempt, Cost, Currency, Decision, Limiter, Limits, MemoryStore};
+#[path = "support/stores.rs"]
+mod stores;
+
+use stores::{Decision, snapshot_now, try_now};
+use tollgate::{Attempt, Cost, Currency, Limiter, Limits, ManualClock, MemoryStore};
 
 fn tokens_of(store: &MemoryStore, limits: &Limits) -> Vec<(Currency, i128)> {
-    store
-        .snapshot_now("k", limits)
+    snapshot_now(store, "k", limits)
         .unwrap()
         .into_iter()
         .map(|a| {
@@ -24,15 +26,11 @@ fn request_bucket_can_pay_token_bucket_cannot_consumes_neither() {
     let store = MemoryStore::with_clock(ManualClock::new());
     let limits = Limits::parse("10/s", "1000/m").unwrap();
     assert_eq!(
-        store
-            .try_acquire_now("k", &limits, Cost::call(900))
-            .unwrap(),
+        try_now(&store, "k", &limits, Cost::call(900)).unwrap(),
         Decision::Admitted
     );
     // 9 requests left, 100 tokens left: 1 request + 150 tokens can't pay.
-    let decision = store
-        .try_acquire_now("k", &limits, Cost::call(150))
-        .unwrap();
+    let decision = try_now(&store, "k", &limits, Cost::call(150)).unwrap();
     assert_eq!(decision, Decision::NotYet(Duration::from_secs(3)));
     assert_eq!(
         tokens_of(&store, &limits),
@@ -46,13 +44,12 @@ fn token_bucket_can_pay_request_bucket_cannot_consumes_neither() {
     let limits = Limits::parse("2/m", "1000/m").unwrap();
     for _ in 0..2 {
         assert!(
-            store
-                .try_acquire_now("k", &limits, Cost::call(10))
+            try_now(&store, "k", &limits, Cost::call(10))
                 .unwrap()
                 .is_admitted()
         );
     }
-    let decision = store.try_acquire_now("k", &limits, Cost::call(10)).unwrap();
+    let decision = try_now(&store, "k", &limits, Cost::call(10)).unwrap();
     assert_eq!(decision, Decision::NotYet(Duration::from_secs(30)));
     assert_eq!(
         tokens_of(&store, &limits),
@@ -66,30 +63,25 @@ fn hint_is_the_longest_wait_of_all_windows() {
     let store = MemoryStore::with_clock(clock.clone());
     let limits = Limits::parse("1/s; 3/m", "100/10s").unwrap();
     assert!(
-        store
-            .try_acquire_now("k", &limits, Cost::call(100))
+        try_now(&store, "k", &limits, Cost::call(100))
             .unwrap()
             .is_admitted()
     );
     // Requests: 1/s needs 1 s, 3/m has 2 left; tokens: 100/10s needs 10 s for 100.
     assert_eq!(
-        store
-            .try_acquire_now("k", &limits, Cost::call(100))
-            .unwrap(),
+        try_now(&store, "k", &limits, Cost::call(100)).unwrap(),
         Decision::NotYet(Duration::from_secs(10))
     );
     clock.advance(Duration::from_secs(10));
     assert!(
-        store
-            .try_acquire_now("k", &limits, Cost::call(100))
+        try_now(&store, "k", &limits, Cost::call(100))
             .unwrap()
             .is_admitted()
     );
     // The minute window: 3 - 1 at 0 s, + 10 s × 3/60 = 2.5 - 1 at 10 s, 1.55 - 1 at 11 s.
     clock.advance(Duration::from_secs(1));
     assert!(
-        store
-            .try_acquire_now("k", &limits, Cost::call(1))
+        try_now(&store, "k", &limits, Cost::call(1))
             .unwrap()
             .is_admitted()
     );
@@ -97,7 +89,7 @@ fn hint_is_the_longest_wait_of_all_windows() {
     // takes 8 s at 3/m.
     clock.advance(Duration::from_secs(1));
     assert_eq!(
-        store.try_acquire_now("k", &limits, Cost::call(1)).unwrap(),
+        try_now(&store, "k", &limits, Cost::call(1)).unwrap(),
         Decision::NotYet(Duration::from_secs(8))
     );
 }
@@ -143,6 +135,6 @@ fn racing_threads_admit_exactly_the_capacity() {
         thread.join().unwrap();
     }
     assert_eq!(admitted.load(Ordering::Relaxed), 100);
-    let snapshot = store.snapshot_now("k", &limits).unwrap();
+    let snapshot = snapshot_now(&store, "k", &limits).unwrap();
     assert!(snapshot[0].tokens.is(0, 1));
 }

@@ -7,7 +7,7 @@
 mod redis_server;
 
 use tollgate::store::redis::RedisStore;
-use tollgate::{Limits, Store};
+use tollgate::{Limiter, Limits, testing};
 
 #[tollgate::limit(
     key = "macro-on-redis",
@@ -33,12 +33,11 @@ async fn the_global_registry_uses_the_installed_redis_store() {
     // The charges are in Redis, where another process would see them (10000/d refills one
     // token in 8.6 s, so none has come back yet).
     let limits = Limits::parse("100/m", "10000/d").unwrap();
-    let snapshot = store.snapshot("macro-on-redis", &limits).await.unwrap();
+    let reader = Limiter::new("macro-on-redis", limits, store.clone()).unwrap();
+    let snapshot = reader.snapshot().await.unwrap();
     let whole: Vec<i128> = snapshot.iter().map(|a| a.tokens.whole()).collect();
     assert_eq!(whole, vec![98, 10_000 - 4 - 2]);
-    assert!(
-        server
-            .command(&["EXISTS", "{tollgate:macro-on-redis}"])
-            .contains(":1")
-    );
+    let (hash, _) = testing::redis_names(&store, "macro-on-redis");
+    assert_eq!(hash, "{8:tollgate:macro-on-redis}");
+    assert!(server.command(&["EXISTS", &hash]).contains(":1"));
 }

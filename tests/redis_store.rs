@@ -7,15 +7,17 @@
 mod recording;
 #[path = "support/redis_server.rs"]
 mod redis_server;
+#[path = "support/stores.rs"]
+mod stores;
 
 use std::time::{Duration, Instant};
 
 use recording::Recording;
 use redis_server::RedisServer;
-use tollgate::bucket::Available;
-use tollgate::clock::ManualClock;
+use stores::redis::{adjust_at, penalize_at, snapshot_at, try_at};
+use stores::{Decision, snapshot_now, try_now};
 use tollgate::store::redis::{RedisConfig, RedisStore};
-use tollgate::{Cost, Decision, Error, Limiter, Limits, MemoryStore, Store};
+use tollgate::{Available, Cost, Error, Limiter, Limits, ManualClock, MemoryStore, testing};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -48,65 +50,58 @@ fn core_promises_on_redis() {
         let seed = Limits::parse("2/s burst 3", "").unwrap();
         let unit = Cost::call(0);
         for _ in 0..3 {
-            let (d, _) = store
-                .try_acquire_at("seed", &seed, unit, at(1_000))
+            let (d, _) = try_at(&store, "seed", &seed, unit, at(1_000))
                 .await
                 .unwrap();
             assert_eq!(d, Decision::Admitted);
         }
-        let (d, _) = store
-            .try_acquire_at("seed", &seed, unit, at(1_000))
+        let (d, _) = try_at(&store, "seed", &seed, unit, at(1_000))
             .await
             .unwrap();
         assert_eq!(d, Decision::NotYet(Duration::from_millis(500)));
         // Refusal keeps partial credit: half a token at 0.25 s.
-        let (d, _) = store
-            .try_acquire_at("seed", &seed, unit, at(1_250))
+        let (d, _) = try_at(&store, "seed", &seed, unit, at(1_250))
             .await
             .unwrap();
         assert_eq!(d, Decision::NotYet(Duration::from_millis(250)));
-        let half = store.snapshot_at("seed", &seed, at(1_250)).await.unwrap();
+        let half = snapshot_at(&store, "seed", &seed, at(1_250)).await.unwrap();
         assert!(half[0].tokens.is(1, 2), "{:?}", half[0].tokens);
-        let (d, _) = store
-            .try_acquire_at("seed", &seed, unit, at(1_500))
+        let (d, _) = try_at(&store, "seed", &seed, unit, at(1_500))
             .await
             .unwrap();
         assert_eq!(d, Decision::Admitted);
         // Saturation: at 10 s, 3 and not 20.
-        let full = store.snapshot_at("seed", &seed, at(11_000)).await.unwrap();
+        let full = snapshot_at(&store, "seed", &seed, at(11_000))
+            .await
+            .unwrap();
         assert!(full[0].tokens.is(3, 1));
-        let (d, _) = store
-            .try_acquire_at("seed", &seed, Cost::new(3, 0), at(11_000))
+        let (d, _) = try_at(&store, "seed", &seed, Cost::new(3, 0), at(11_000))
             .await
             .unwrap();
         assert_eq!(d, Decision::Admitted);
-        let (d, _) = store
-            .try_acquire_at("seed", &seed, unit, at(11_000))
+        let (d, _) = try_at(&store, "seed", &seed, unit, at(11_000))
             .await
             .unwrap();
         assert_eq!(d, Decision::NotYet(Duration::from_millis(500)));
 
         // Both or none.
         let dual = Limits::parse("10/s", "1000/m").unwrap();
-        let (d, _) = store
-            .try_acquire_at("dual", &dual, Cost::call(900), at(0))
+        let (d, _) = try_at(&store, "dual", &dual, Cost::call(900), at(0))
             .await
             .unwrap();
         assert_eq!(d, Decision::Admitted);
-        let (d, _) = store
-            .try_acquire_at("dual", &dual, Cost::call(150), at(0))
+        let (d, _) = try_at(&store, "dual", &dual, Cost::call(150), at(0))
             .await
             .unwrap();
         assert_eq!(d, Decision::NotYet(Duration::from_secs(3)));
-        let left = store.snapshot_at("dual", &dual, at(0)).await.unwrap();
+        let left = snapshot_at(&store, "dual", &dual, at(0)).await.unwrap();
         assert!(
             left[0].tokens.is(9, 1) && left[1].tokens.is(100, 1),
             "{left:?}"
         );
 
         // Cost above capacity, at once.
-        let err = store
-            .try_acquire_at("dual", &dual, Cost::call(1001), at(0))
+        let err = try_at(&store, "dual", &dual, Cost::call(1001), at(0))
             .await
             .unwrap_err();
         assert!(
@@ -123,8 +118,7 @@ fn core_promises_on_redis() {
 
         // Conflicting limits, naming both.
         let other = Limits::parse("20/s", "1000/m").unwrap();
-        let err = store
-            .try_acquire_at("dual", &other, Cost::call(1), at(0))
+        let err = try_at(&store, "dual", &other, Cost::call(1), at(0))
             .await
             .unwrap_err();
         match &err {
@@ -138,7 +132,7 @@ fn core_promises_on_redis() {
             other => panic!("expected ConflictingLimits, got {other:?}"),
         }
         // Nothing was charged by the refusals.
-        let left = store.snapshot_at("dual", &dual, at(0)).await.unwrap();
+        let left = snapshot_at(&store, "dual", &dual, at(0)).await.unwrap();
         assert!(
             left[0].tokens.is(9, 1) && left[1].tokens.is(100, 1),
             "{left:?}"
@@ -195,9 +189,8 @@ fn script_decides_like_the_memory_store_on_the_same_trace() {
                     },
                 );
                 clock.set(Duration::from_millis(now_ms)).unwrap();
-                let expected = memory.try_acquire_now(&key, &limits, cost).unwrap();
-                let (got, _) = redis
-                    .try_acquire_at(&key, &limits, cost, Some(now_ms))
+                let expected = try_now(&memory, &key, &limits, cost).unwrap();
+                let (got, _) = try_at(&redis, &key, &limits, cost, Some(now_ms))
                     .await
                     .unwrap();
                 // Hints agree once the memory store's nanoseconds are rounded up to the ms.
@@ -212,9 +205,8 @@ fn script_decides_like_the_memory_store_on_the_same_trace() {
                     "{key} step {step} at {now_ms} ms, cost {cost}"
                 );
                 let (a, b) = (
-                    memory.snapshot_now(&key, &limits).unwrap(),
-                    redis
-                        .snapshot_at(&key, &limits, Some(now_ms))
+                    snapshot_now(&memory, &key, &limits).unwrap(),
+                    snapshot_at(&redis, &key, &limits, Some(now_ms))
                         .await
                         .unwrap(),
                 );
@@ -240,20 +232,20 @@ fn keys_expire_when_their_buckets_are_full_again() {
     runtime().block_on(async {
         let store = connect(&server).await;
         let limits = Limits::parse("10/m", "").unwrap();
-        let (d, _) = store
-            .try_acquire_at("expiring", &limits, Cost::new(4, 0), None)
+        let (d, _) = try_at(&store, "expiring", &limits, Cost::new(4, 0), None)
             .await
             .unwrap();
         assert_eq!(d, Decision::Admitted);
         // 4 requests at 10/m take 24 s to come back: the key lives that long, and no longer.
+        let (hash, _) = testing::redis_names(&store, "expiring");
         let ttl: i64 = server
-            .command(&["PTTL", &store.redis_key("expiring")])
+            .command(&["PTTL", &hash])
             .trim()
             .trim_start_matches(':')
             .parse()
             .unwrap();
         assert!((23_000..=24_001).contains(&ttl), "PTTL {ttl}");
-        assert_eq!(store.redis_key("expiring"), "{tollgate:expiring}");
+        assert_eq!(hash, "{8:tollgate:expiring}");
     });
 }
 
@@ -339,19 +331,16 @@ fn faults_are_errors_within_the_timeout_and_recovery_is_silent() {
         return;
     };
     runtime().block_on(async {
-        let config = RedisConfig {
-            timeout: Duration::from_millis(300),
-            ..RedisConfig::default()
-        };
+        let config = RedisConfig::default().with_timeout(Duration::from_millis(300));
         let store = RedisStore::connect_with(&server.url(), config)
             .await
             .unwrap();
         let limits = Limits::parse("100/s", "").unwrap();
         let call = Cost::call(0);
         assert!(
-            store
-                .try_acquire("k", &limits, call)
+            try_at(&store, "k", &limits, call, None)
                 .await
+                .map(|(d, _)| d)
                 .unwrap()
                 .is_admitted()
         );
@@ -359,9 +348,9 @@ fn faults_are_errors_within_the_timeout_and_recovery_is_silent() {
         // SCRIPT FLUSH mid-run: the next call reloads the script without an error.
         assert!(server.command(&["SCRIPT", "FLUSH"]).contains("OK"));
         assert!(
-            store
-                .try_acquire("k", &limits, call)
+            try_at(&store, "k", &limits, call, None)
                 .await
+                .map(|(d, _)| d)
                 .unwrap()
                 .is_admitted()
         );
@@ -370,9 +359,14 @@ fn faults_are_errors_within_the_timeout_and_recovery_is_silent() {
         server.kill();
         for _ in 0..3 {
             let started = Instant::now();
-            let result = store.try_acquire("k", &limits, call).await;
+            let result = try_at(&store, "k", &limits, call, None)
+                .await
+                .map(|(d, _)| d);
             let took = started.elapsed();
-            assert!(matches!(result, Err(Error::Store { .. })), "{result:?}");
+            assert!(
+                matches!(result, Err(Error::Unavailable { .. })),
+                "{result:?}"
+            );
             // The 300 ms timeout bounds the call; the generous slack is for a loaded CI
             // machine's scheduling, and still tells a bounded call from a hang.
             assert!(
@@ -384,16 +378,16 @@ fn faults_are_errors_within_the_timeout_and_recovery_is_silent() {
         // It comes back: the next calls pass.
         server.restart();
         assert!(
-            store
-                .try_acquire("k", &limits, call)
+            try_at(&store, "k", &limits, call, None)
                 .await
+                .map(|(d, _)| d)
                 .unwrap()
                 .is_admitted()
         );
         assert!(
-            store
-                .try_acquire("k", &limits, call)
+            try_at(&store, "k", &limits, call, None)
                 .await
+                .map(|(d, _)| d)
                 .unwrap()
                 .is_admitted()
         );
@@ -406,35 +400,33 @@ fn fail_open_admits_with_a_warning_when_redis_is_down() {
         return;
     };
     runtime().block_on(async {
-        let config = RedisConfig {
-            timeout: Duration::from_millis(200),
-            fail_open: true,
-            ..RedisConfig::default()
-        };
+        let config = RedisConfig::default()
+            .with_timeout(Duration::from_millis(200))
+            .with_fail_open(true);
         let store = RedisStore::connect_with(&server.url(), config)
             .await
             .unwrap();
         let limits = Limits::parse("1/m", "").unwrap();
         assert!(
-            store
-                .try_acquire("k", &limits, Cost::call(0))
+            try_at(&store, "k", &limits, Cost::call(0), None)
                 .await
+                .map(|(d, _)| d)
                 .unwrap()
                 .is_admitted()
         );
         // Up, the limit holds even in fail-open mode.
         assert!(
-            !store
-                .try_acquire("k", &limits, Cost::call(0))
+            !try_at(&store, "k", &limits, Cost::call(0), None)
                 .await
+                .map(|(d, _)| d)
                 .unwrap()
                 .is_admitted()
         );
         server.kill();
         assert!(
-            store
-                .try_acquire("k", &limits, Cost::call(0))
+            try_at(&store, "k", &limits, Cost::call(0), None)
                 .await
+                .map(|(d, _)| d)
                 .unwrap()
                 .is_admitted()
         );
@@ -452,9 +444,9 @@ fn passwords_work_and_are_never_shown() {
         let store = RedisStore::connect(&good).await.unwrap();
         let limits = Limits::parse("5/s", "").unwrap();
         assert!(
-            store
-                .try_acquire("k", &limits, Cost::call(0))
+            try_at(&store, "k", &limits, Cost::call(0), None)
                 .await
+                .map(|(d, _)| d)
                 .unwrap()
                 .is_admitted()
         );
@@ -575,16 +567,13 @@ fn rediss_with_a_private_ca_and_a_password() {
     };
     runtime().block_on(async {
         let url = format!("rediss://:{secret}@127.0.0.1:{tls_port}");
-        let config = RedisConfig {
-            tls_ca_file: Some(dir.join("ca.crt")),
-            ..RedisConfig::default()
-        };
+        let config = RedisConfig::default().with_tls_ca_file(dir.join("ca.crt"));
         let store = RedisStore::connect_with(&url, config).await.unwrap();
         let limits = Limits::parse("5/s", "").unwrap();
         assert!(
-            store
-                .try_acquire("tls", &limits, Cost::call(0))
+            try_at(&store, "tls", &limits, Cost::call(0), None)
                 .await
+                .map(|(d, _)| d)
                 .unwrap()
                 .is_admitted()
         );
@@ -592,7 +581,7 @@ fn rediss_with_a_private_ca_and_a_password() {
         // Without the private CA the certificate is not trusted: an error, without the password.
         let err = RedisStore::connect(&url).await.unwrap_err();
         let message = format!("{err} {err:?}");
-        assert!(matches!(err, Error::Store { .. }));
+        assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
         assert!(!message.contains(secret), "{message}");
     });
     std::fs::remove_dir_all(&dir).unwrap();
@@ -607,56 +596,54 @@ fn penalties_and_settlements_on_redis() {
         let store = connect(&server).await;
         let limits = Limits::parse("2/s", "1000/m").unwrap();
         let at = |ms| Some(ms);
-        let (d, _) = store
-            .try_acquire_at("p", &limits, Cost::call(100), at(1_000))
+        let (d, _) = try_at(&store, "p", &limits, Cost::call(100), at(1_000))
             .await
             .unwrap();
         assert_eq!(d, Decision::Admitted);
 
         // A 429 with Retry-After 2.5 s: drained, and nothing passes before 3.5 s.
-        store
-            .penalize_at("p", &limits, Duration::from_millis(2_500), at(1_000))
-            .await
-            .unwrap();
-        let (d, _) = store
-            .try_acquire_at("p", &limits, Cost::call(1), at(1_000))
+        penalize_at(
+            &store,
+            "p",
+            &limits,
+            Duration::from_millis(2_500),
+            at(1_000),
+        )
+        .await
+        .unwrap();
+        let (d, _) = try_at(&store, "p", &limits, Cost::call(1), at(1_000))
             .await
             .unwrap();
         assert_eq!(d, Decision::NotYet(Duration::from_millis(2_500)));
         // A shorter pause does not shorten it.
-        store
-            .penalize_at("p", &limits, Duration::from_millis(500), at(2_000))
+        penalize_at(&store, "p", &limits, Duration::from_millis(500), at(2_000))
             .await
             .unwrap();
-        let (d, _) = store
-            .try_acquire_at("p", &limits, Cost::call(1), at(3_499))
+        let (d, _) = try_at(&store, "p", &limits, Cost::call(1), at(3_499))
             .await
             .unwrap();
         assert_eq!(d, Decision::NotYet(Duration::from_millis(1)));
         // The buckets refilled during the pause (from the drain at 2 s).
-        let (d, _) = store
-            .try_acquire_at("p", &limits, Cost::call(1), at(3_500))
+        let (d, _) = try_at(&store, "p", &limits, Cost::call(1), at(3_500))
             .await
             .unwrap();
         assert_eq!(d, Decision::Admitted);
 
         // Settling: an underestimate of 300 goes into debt, a refund stops at capacity.
         let settle = Limits::parse("", "1000/m").unwrap();
-        let (d, _) = store
-            .try_acquire_at("s", &settle, Cost::call(900), at(0))
+        let (d, _) = try_at(&store, "s", &settle, Cost::call(900), at(0))
             .await
             .unwrap();
         assert_eq!(d, Decision::Admitted);
-        store.adjust_at("s", &settle, -400, at(0)).await.unwrap();
-        let left = store.snapshot_at("s", &settle, at(0)).await.unwrap();
+        adjust_at(&store, "s", &settle, -400, at(0)).await.unwrap();
+        let left = snapshot_at(&store, "s", &settle, at(0)).await.unwrap();
         assert!(left[0].tokens.is(-300, 1), "{:?}", left[0].tokens);
-        let (d, _) = store
-            .try_acquire_at("s", &settle, Cost::call(100), at(0))
+        let (d, _) = try_at(&store, "s", &settle, Cost::call(100), at(0))
             .await
             .unwrap();
         assert_eq!(d, Decision::NotYet(Duration::from_secs(24)));
-        store.adjust_at("s", &settle, 5_000, at(0)).await.unwrap();
-        let left = store.snapshot_at("s", &settle, at(0)).await.unwrap();
+        adjust_at(&store, "s", &settle, 5_000, at(0)).await.unwrap();
+        let left = snapshot_at(&store, "s", &settle, at(0)).await.unwrap();
         assert!(left[0].tokens.is(1000, 1), "{:?}", left[0].tokens);
     });
 }

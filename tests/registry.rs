@@ -1,5 +1,8 @@
 //! Shared keys: one limiter per key in a process, conflicts refused, idle keys dropped.
 
+#[path = "support/stores.rs"]
+mod stores;
+
 use std::time::Duration;
 
 use tollgate::{Cost, Error, Limits, MemoryStore, Registry};
@@ -48,8 +51,8 @@ fn the_store_refuses_conflicting_limits_too() {
     let store = MemoryStore::new();
     let a = Limits::parse("5/s", "").unwrap();
     let b = Limits::parse("6/s", "").unwrap();
-    store.try_acquire_now("k", &a, Cost::call(0)).unwrap();
-    let err = store.try_acquire_now("k", &b, Cost::call(0)).unwrap_err();
+    stores::try_now(&store, "k", &a, Cost::call(0)).unwrap();
+    let err = stores::try_now(&store, "k", &b, Cost::call(0)).unwrap_err();
     assert!(matches!(err, Error::ConflictingLimits { .. }), "{err:?}");
 }
 

@@ -87,7 +87,9 @@ async fn timeout_at_once_when_the_hint_passes_the_deadline() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn timeout_when_the_deadline_passes_in_the_queue() {
+async fn timeout_at_once_when_the_turn_comes_after_the_deadline() {
+    // One call waits for the token due at 1 s; the next one's turn comes at 2 s, after its
+    // 500 ms deadline: it is told at once, with how long it would have needed.
     let limiter = limiter("1/s", WaitPolicy::default());
     limiter.acquire(CALL).await.unwrap();
     let head = {
@@ -103,21 +105,21 @@ async fn timeout_when_the_deadline_passes_in_the_queue() {
         .unwrap_err();
     match err {
         Error::Timeout { waited, needed, .. } => {
-            assert_eq!(waited, Duration::from_millis(500));
-            assert_eq!(needed, None);
+            assert_eq!(waited, Duration::ZERO);
+            assert_eq!(needed, Some(Duration::from_secs(2)));
         }
         other => panic!("expected Timeout, got {other:?}"),
     }
-    assert_eq!(Instant::now() - start, Duration::from_millis(500));
+    assert_eq!(Instant::now(), start, "answered without waiting");
     let permit = head.await.unwrap().unwrap();
-    assert!(permit.waited() >= Duration::from_secs(1));
+    assert_eq!(permit.waited(), Duration::from_secs(1));
     assert_eq!(limiter.waiters(), 0);
 }
 
 #[tokio::test(start_paused = true)]
-async fn timeout_when_others_take_the_tokens_first() {
-    // With a hint that fits the deadline, a waiter sleeps; if it still can't pass when the
-    // deadline comes, it answers Timeout then, with what it would still have needed.
+async fn timeout_when_a_penalty_pushes_the_turn_past_the_deadline() {
+    // A waiter due at 1 s, with a deadline at 1.5 s; a 429 at 0.5 s pauses the key for 2 s:
+    // when it asks at 1 s it learns the key is paused past its deadline, and gives up then.
     let limiter = limiter("1/s", WaitPolicy::default());
     limiter.acquire(CALL).await.unwrap();
     let waiter = {
@@ -129,25 +131,45 @@ async fn timeout_when_others_take_the_tokens_first() {
         })
     };
     tokio::task::yield_now().await;
-    // Someone that doesn't queue takes the token the waiter was sleeping for.
-    tokio::time::advance(Duration::from_secs(1)).await;
-    assert!(limiter.try_acquire(CALL).await.unwrap().is_admitted());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    limiter.penalize(Duration::from_secs(2)).await.unwrap();
     match waiter.await.unwrap().unwrap_err() {
         Error::Timeout { waited, needed, .. } => {
-            assert!(waited >= Duration::from_secs(1), "{waited:?}");
-            assert!(waited <= Duration::from_millis(1500), "{waited:?}");
-            assert!(needed.is_some());
+            assert_eq!(waited, Duration::from_secs(1));
+            assert_eq!(needed, Some(Duration::from_millis(1500)));
         }
         other => panic!("expected Timeout, got {other:?}"),
     }
+    assert_eq!(limiter.waiters(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn try_acquire_never_takes_the_tokens_a_waiter_is_due() {
+    // A waiter is due at 1 s. A call that doesn't queue, made at 1 s, finds that token
+    // promised: it is told to wait behind, and the waiter passes on time.
+    let limiter = limiter("1/s", WaitPolicy::default());
+    limiter.acquire(CALL).await.unwrap();
+    let waiter = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move {
+            limiter
+                .acquire_timeout(CALL, Some(Duration::from_millis(1500)))
+                .await
+        })
+    };
+    tokio::task::yield_now().await;
+    tokio::time::advance(Duration::from_secs(1)).await;
+    match limiter.try_acquire(CALL).await.unwrap() {
+        tollgate::Attempt::NotYet(wait) => assert_eq!(wait, Duration::from_secs(1)),
+        tollgate::Attempt::Admitted(_) => panic!("passed ahead of the waiter"),
+    }
+    let permit = waiter.await.unwrap().unwrap();
+    assert_eq!(permit.waited(), Duration::from_secs(1));
 }
 
 #[tokio::test(start_paused = true)]
 async fn queue_full_beyond_max_waiters() {
-    let policy = WaitPolicy {
-        max_waiters: 2,
-        ..WaitPolicy::default()
-    };
+    let policy = WaitPolicy::default().with_max_waiters(2);
     let limiter = limiter("1/s", policy);
     limiter.acquire(CALL).await.unwrap();
     let waiting: Vec<_> = (0..2)
@@ -208,7 +230,7 @@ async fn large_call_is_not_starved_by_a_stream_of_small_ones() {
     // Its own refill time: 8,000 tokens at 10,000/m is 48 s; plus what was queued ahead of it.
     let own = Duration::from_secs(48);
     let queue = Duration::from_millis(600) * (ahead + 1);
-    let jitter = Backoff::default().cap;
+    let jitter = Backoff::default().cap();
     assert!(
         big.waited() <= own + queue + jitter,
         "waited {:?}",

@@ -1,11 +1,14 @@
 //! Property tests: the window bound over every interval, and agreement with an independent
-//! exact rational model, for single and dual buckets.
+//! exact rational model, for one window and for windows in all three currencies.
+
+#[path = "support/stores.rs"]
+mod stores;
 
 use proptest::prelude::*;
 use std::time::Duration;
 
-use tollgate::bucket::{Bucket, Buckets, Decision, Nanos};
-use tollgate::{Cost, Limits, Rate};
+use stores::{Decision, snapshot_now, try_now};
+use tollgate::{Cost, Limits, ManualClock, MemoryStore, Rate};
 
 /// An exact fraction with a positive denominator, kept in lowest terms: a model of the bucket
 /// that shares no arithmetic with the crate.
@@ -65,6 +68,13 @@ impl Model {
     }
     fn level_at(&self, t_ms: u64) -> Q {
         let elapsed = Q::new((t_ms - self.last_ms) as i128, 1000);
+        self.level.add(self.per_sec.mul(elapsed)).min(self.burst)
+    }
+    fn level_at_ns(&self, t_ns: u64) -> Q {
+        let elapsed = Q::new(
+            t_ns as i128 - self.last_ms as i128 * 1_000_000,
+            1_000_000_000,
+        );
         self.level.add(self.per_sec.mul(elapsed)).min(self.burst)
     }
     fn can_pay(&self, t_ms: u64, cost: u64) -> bool {
@@ -137,13 +147,15 @@ proptest! {
         rate in rate_strategy(),
         trace in trace_strategy(),
     ) {
-        let mut bucket = Bucket::new(rate, Nanos(0));
+        let clock = ManualClock::new();
+        let store = MemoryStore::with_clock(clock.clone());
+        let limits = Limits::tokens_only(rate);
         let mut model = Model::new(&rate);
         let mut admitted = Vec::new();
         for (t_ms, raw, _) in trace {
             let cost = 1 + raw % rate.burst();
-            let now = Nanos(t_ms * 1_000_000);
-            let decision = bucket.try_take(now, cost).unwrap();
+            clock.set(Duration::from_millis(t_ms)).unwrap();
+            let decision = try_now(&store, "k", &limits, Cost::new(0, cost)).unwrap();
             let expected = model.can_pay(t_ms, cost);
             prop_assert_eq!(decision.is_admitted(), expected, "at {} ms, cost {}", t_ms, cost);
             if expected {
@@ -151,15 +163,15 @@ proptest! {
                 admitted.push((t_ms, cost));
             } else {
                 model.advance(t_ms);
-                // The hint is exact: not a nanosecond earlier, and enough by then.
+                // The hint is exact: the model holds the cost after it, and not a nanosecond
+                // before.
                 let Decision::NotYet(wait) = decision else { unreachable!() };
-                let wait_ns = wait.as_nanos() as u64;
-                let ready = Nanos(now.0 + wait_ns);
-                let before = Nanos(now.0 + wait_ns - 1);
-                prop_assert!(bucket.clone().try_take(ready, cost).unwrap().is_admitted());
-                prop_assert!(!bucket.clone().try_take(before, cost).unwrap().is_admitted());
+                let ready = t_ms * 1_000_000 + wait.as_nanos() as u64;
+                let need = Q::int(cost as i128);
+                prop_assert!(model.level_at_ns(ready).ge(need), "hint {:?} too short", wait);
+                prop_assert!(!model.level_at_ns(ready - 1).ge(need), "hint {:?} too long", wait);
             }
-            let level = bucket.tokens_at(now).unwrap();
+            let level = snapshot_now(&store, "k", &limits).unwrap()[0].tokens;
             let m = model.level_at(t_ms);
             prop_assert!(level.is(m.n, m.d as u64), "level {:?} vs model {:?}", level, m);
         }
@@ -167,34 +179,49 @@ proptest! {
     }
 
     #[test]
-    fn dual_buckets_pay_all_or_nothing_and_keep_window_bound(
+    fn windows_in_three_currencies_pay_all_or_nothing_and_keep_window_bound(
         requests in rate_strategy(),
         tokens in rate_strategy(),
+        output in rate_strategy(),
         trace in trace_strategy(),
+        salt in any::<u64>(),
     ) {
-        let limits = Limits::new(requests, tokens);
-        let mut buckets = Buckets::new(&limits, Nanos(0));
-        let mut req_model = Model::new(&requests);
-        let mut tok_model = Model::new(&tokens);
-        let mut req_admitted = Vec::new();
-        let mut tok_admitted = Vec::new();
-        for (t_ms, a, b) in trace {
-            let cost = Cost::new(1 + a % requests.burst(), 1 + b % tokens.burst());
-            let decision = buckets.try_take(Nanos(t_ms * 1_000_000), cost).unwrap();
-            let expected =
-                req_model.can_pay(t_ms, cost.requests) && tok_model.can_pay(t_ms, cost.tokens);
+        let clock = ManualClock::new();
+        let store = MemoryStore::with_clock(clock.clone());
+        let limits = Limits::new(requests, tokens).with_output_tokens(output);
+        let rates = [requests, tokens, output];
+        let mut models = rates.map(|r| Model::new(&r));
+        let mut admitted: [Vec<(u64, u64)>; 3] = Default::default();
+        for (step, (t_ms, a, b)) in trace.into_iter().enumerate() {
+            let c = (salt >> (step % 60)) ^ a.wrapping_mul(b);
+            let amounts = [1 + a % requests.burst(), 1 + b % tokens.burst(), 1 + c % output.burst()];
+            let cost = Cost::new(amounts[0], amounts[1]).with_output_tokens(amounts[2]);
+            clock.set(Duration::from_millis(t_ms)).unwrap();
+            let decision = try_now(&store, "k", &limits, cost).unwrap();
+            let expected = (0..3).all(|i| models[i].can_pay(t_ms, amounts[i]));
             prop_assert_eq!(decision.is_admitted(), expected);
-            if expected {
-                req_model.pay(t_ms, cost.requests);
-                tok_model.pay(t_ms, cost.tokens);
-                req_admitted.push((t_ms, cost.requests));
-                tok_admitted.push((t_ms, cost.tokens));
-            } else {
-                req_model.advance(t_ms);
-                tok_model.advance(t_ms);
+            for i in 0..3 {
+                if expected {
+                    models[i].pay(t_ms, amounts[i]);
+                    admitted[i].push((t_ms, amounts[i]));
+                } else {
+                    models[i].advance(t_ms);
+                }
+            }
+            if let Decision::NotYet(wait) = decision {
+                // The hint is the longest of the windows' exact waits.
+                let ready = t_ms * 1_000_000 + wait.as_nanos() as u64;
+                prop_assert!((0..3).all(|i| models[i].level_at_ns(ready).ge(Q::int(amounts[i] as i128))));
+                prop_assert!((0..3).any(|i| !models[i].level_at_ns(ready - 1).ge(Q::int(amounts[i] as i128))));
+            }
+            let levels = snapshot_now(&store, "k", &limits).unwrap();
+            for i in 0..3 {
+                let m = models[i].level_at(t_ms);
+                prop_assert!(levels[i].tokens.is(m.n, m.d as u64), "window {}: {:?} vs {:?}", i, levels[i].tokens, m);
             }
         }
-        assert_window_bound(&requests, &req_admitted)?;
-        assert_window_bound(&tokens, &tok_admitted)?;
+        for i in 0..3 {
+            assert_window_bound(&rates[i], &admitted[i])?;
+        }
     }
 }

@@ -1,46 +1,55 @@
-//! The in-process store: every key's buckets in sharded maps behind short, synchronous locks.
+//! The in-process store: each key's state behind a short, synchronous lock of its own, found
+//! through sharded maps only when a limiter binds it.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use crate::bucket::{Available, Buckets, Cost, Decision, Nanos};
+use crate::bucket::{KeyState, Nanos, Step};
 use crate::clock::{Clock, ManualClock};
 use crate::error::Error;
 use crate::rate::Limits;
-use crate::store::Store;
+use crate::store::{Op, Outcome, Store, Ticket};
 
 const SHARDS: usize = 16;
-/// A shard is swept for full buckets when it has grown to twice its size after the last sweep,
-/// and never below this many keys: the cost of sweeping stays O(1) per new key.
+/// A shard is swept for forgettable keys when it has grown to twice its size after the last
+/// sweep, and never below this many keys: the cost of sweeping stays O(1) per new key.
 const MIN_SWEEP: usize = 1024;
+/// How long a ticket stays valid past its due time without its holder asking for it. In one
+/// process a holder only fails to ask when its runtime is blocked, so this is generous.
+const LEASE: Duration = Duration::from_secs(10);
 
-/// Buckets in memory, shared by every clone and every task of the process.
+/// Ticket numbers, unique in the process: a ticket that lapsed can never be mistaken for a
+/// newer one.
+static NEXT_TICKET: AtomicU64 = AtomicU64::new(1);
+
+/// Windows in memory, shared by every clone and every task of the process.
 ///
-/// The lock of a key's shard is held only for the arithmetic, never across an `.await`; the
-/// clock is read under it, so a key's time never runs backwards however the tasks interleave.
-/// Keys whose buckets are full again are forgotten (a full bucket is the same as a new one), so
-/// memory follows the keys in use, not every key ever seen.
+/// A limiter binds its key once and then reaches the key's state directly, behind that key's
+/// own lock; the lock is held only for the arithmetic, never across an `.await`. Keys that no
+/// limiter holds and whose windows are full again are forgotten (a full window is the same as a
+/// new one), so memory follows the keys in use, not every key ever seen.
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate::clock::ManualClock;
-/// use tollgate::store::MemoryStore;
-/// use tollgate::{Cost, Decision, Limits};
+/// use tollgate::store::{MemoryStore, Op, Outcome, Store};
+/// use tollgate::{Cost, Limits, ManualClock};
 ///
 /// let clock = ManualClock::new();
 /// let store = MemoryStore::with_clock(clock.clone());
-/// let limits = Limits::parse("2/s burst 3", "")?;
+/// let key = store.bind("k", &Limits::parse("2/s burst 3", "")?)?;
+/// let try_one = Op::Acquire { cost: Cost::call(0), max_wait: Some(Duration::ZERO) };
 /// for _ in 0..3 {
-///     assert_eq!(store.try_acquire_now("k", &limits, Cost::call(0))?, Decision::Admitted);
+///     assert_eq!(store.apply_now(&key, try_one).unwrap()?, Outcome::Admitted);
 /// }
 /// assert_eq!(
-///     store.try_acquire_now("k", &limits, Cost::call(0))?,
-///     Decision::NotYet(Duration::from_millis(500))
+///     store.apply_now(&key, try_one).unwrap()?,
+///     Outcome::NotYet(Duration::from_millis(500))
 /// );
 /// clock.advance(Duration::from_millis(500));
-/// assert_eq!(store.try_acquire_now("k", &limits, Cost::call(0))?, Decision::Admitted);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// assert_eq!(store.apply_now(&key, try_one).unwrap()?, Outcome::Admitted);
+/// # Ok::<(), tollgate::Error>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct MemoryStore {
@@ -55,15 +64,37 @@ struct Inner {
 
 #[derive(Debug, Default)]
 struct Shard {
-    entries: HashMap<Box<str>, Entry>,
+    entries: HashMap<Arc<str>, Arc<Entry>>,
     sweep_at: usize,
 }
 
 #[derive(Debug)]
 struct Entry {
+    key: Arc<str>,
     limits: Limits,
-    buckets: Buckets,
-    last: Nanos,
+    state: Mutex<KeyState>,
+}
+
+/// A key bound to a [`MemoryStore`]: its state, reached without a lookup.
+#[derive(Debug, Clone)]
+pub struct MemoryKey(Arc<Entry>);
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The state is consistent after every operation (they don't panic midway), so a panic
+    // elsewhere while the lock was held leaves nothing half-done.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Entry {
+    /// True when nothing holds the entry but its shard, and its state says nothing a fresh one
+    /// wouldn't.
+    fn forgettable(self: &Arc<Entry>, now: Nanos) -> bool {
+        Arc::strong_count(self) == 1
+            && self
+                .state
+                .try_lock()
+                .is_ok_and(|state| state.is_idle(&self.limits, now))
+    }
 }
 
 impl Default for MemoryStore {
@@ -75,11 +106,15 @@ impl Default for MemoryStore {
 impl MemoryStore {
     /// A store on tokio's clock (so `tokio::time::pause()` drives it in tests).
     pub fn new() -> MemoryStore {
-        MemoryStore::with_clock(Clock::tokio())
+        MemoryStore::on(Clock::tokio())
     }
 
-    /// A store on the given clock: pass a [`ManualClock`] to test with exact instants.
-    pub fn with_clock(clock: impl Into<Clock>) -> MemoryStore {
+    /// A store on a clock that moves only when told to: for tests with exact instants.
+    pub fn with_clock(clock: ManualClock) -> MemoryStore {
+        MemoryStore::on(Clock::Manual(clock))
+    }
+
+    fn on(clock: Clock) -> MemoryStore {
         let shards = (0..SHARDS)
             .map(|_| {
                 Mutex::new(Shard {
@@ -89,16 +124,8 @@ impl MemoryStore {
             })
             .collect();
         MemoryStore {
-            inner: Arc::new(Inner {
-                clock: clock.into(),
-                shards,
-            }),
+            inner: Arc::new(Inner { clock, shards }),
         }
-    }
-
-    /// The clock this store reads.
-    pub fn clock(&self) -> &Clock {
-        &self.inner.clock
     }
 
     /// The manual clock, if the store runs on one.
@@ -114,131 +141,86 @@ impl MemoryStore {
         let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
             (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
         });
-        self.inner.shards[(hash as usize) % SHARDS]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        lock(&self.inner.shards[(hash as usize) % SHARDS])
     }
 
-    /// Charges `cost` to every bucket of `key` if all can pay now; otherwise charges nothing
-    /// and answers how long until they could. This is the whole of [`Store::try_acquire`] for
-    /// this store, without a future around it.
-    pub fn try_acquire_now(
-        &self,
-        key: &str,
-        limits: &Limits,
-        cost: Cost,
-    ) -> Result<Decision, Error> {
-        // `Buckets::try_take` validates the cost before it changes anything, and a new key's
-        // state is kept only when the call succeeds: bad input leaves no trace either way.
-        self.with_entry(key, limits, cost, |buckets, now| {
-            buckets.try_take(now, cost)
-        })
-    }
-
-    /// Applies `f` to the buckets of `key` at the current time, creating them full if needed
-    /// (`cost` is for the context of an error).
-    fn with_entry<T>(
-        &self,
-        key: &str,
-        limits: &Limits,
-        cost: Cost,
-        f: impl FnOnce(&mut Buckets, Nanos) -> Result<T, crate::bucket::BucketError>,
-    ) -> Result<T, Error> {
-        let mut shard = self.shard(key);
+    /// One operation on a bound key, at the clock's current time.
+    pub(crate) fn run(&self, key: &MemoryKey, op: Op) -> Result<Outcome, Error> {
+        let entry = &key.0;
         let now = self.inner.clock.now();
-        let apply = |entry: &mut Entry| {
-            if entry.limits != *limits {
-                return Err(conflict(key, &entry.limits, limits));
-            }
-            // Readers of tokio's clock in different runtimes may disagree slightly; a key's
-            // time only moves forward, so an earlier reading counts as no time passing.
-            let now = now.max(entry.last);
-            let out = f(&mut entry.buckets, now).map_err(|e| Error::from_bucket(key, cost, e))?;
-            entry.last = now;
-            Ok(out)
+        let limits = &entry.limits;
+        let mut state = lock(&entry.state);
+        let step = match op {
+            Op::Acquire { cost, max_wait } => state
+                .acquire(limits, now, cost, max_wait, LEASE, || {
+                    NEXT_TICKET.fetch_add(1, Ordering::Relaxed)
+                })
+                .map_err(|e| Error::from_bucket(&entry.key, cost, e))?,
+            Op::Admit { ticket } => state
+                .admit(limits, now, ticket.id(), LEASE)
+                .map_err(|e| Error::from_bucket(&entry.key, Default::default(), e))?,
+            Op::Cancel { ticket } => state.cancel(now, ticket.id()),
+            Op::Adjust {
+                requests,
+                tokens,
+                output_tokens,
+            } => state.adjust(
+                limits,
+                now,
+                crate::bucket::Delta {
+                    requests,
+                    tokens,
+                    output_tokens,
+                },
+            ),
+            Op::Penalize { pause } => state.penalize(limits, now, now.plus(pause)),
+            Op::Lower {
+                currency,
+                remaining,
+            } => state.lower(limits, now, currency, remaining),
+            Op::Snapshot => return Ok(Outcome::Snapshot(state.snapshot(limits, now))),
+            Op::Ping => Step::Done,
         };
-        // Look up before inserting, so that a key that exists costs no allocation; a new key's
-        // state is kept only if the operation succeeded.
-        match shard.entries.get_mut(key) {
-            Some(entry) => apply(entry),
-            None => {
-                shard.sweep(now);
-                let mut entry = Entry {
-                    limits: limits.clone(),
-                    buckets: Buckets::new(limits, now),
-                    last: now,
-                };
-                let out = apply(&mut entry)?;
-                shard.entries.insert(key.into(), entry);
-                Ok(out)
-            }
-        }
-    }
-
-    /// The tokens each window of `key` holds now (full windows for a key never seen).
-    pub fn snapshot_now(&self, key: &str, limits: &Limits) -> Result<Vec<Available>, Error> {
-        let shard = self.shard(key);
-        let now = self.inner.clock.now();
-        match shard.entries.get(key) {
-            Some(entry) if entry.limits != *limits => Err(conflict(key, &entry.limits, limits)),
-            Some(entry) => entry
-                .buckets
-                .snapshot(now.max(entry.last))
-                .map_err(|e| Error::from_bucket(key, Cost::default(), e)),
-            None => Buckets::new(limits, now)
-                .snapshot(now)
-                .map_err(|e| Error::from_bucket(key, Cost::default(), e)),
-        }
-    }
-
-    /// Adds `delta` tokens to every token window of `key` (see [`Buckets::adjust`]).
-    pub fn adjust_now(&self, key: &str, limits: &Limits, delta: i64) -> Result<(), Error> {
-        self.with_entry(key, limits, Cost::default(), |buckets, now| {
-            buckets.adjust(now, crate::rate::Currency::Tokens, delta)
+        Ok(match step {
+            Step::Admitted => Outcome::Admitted,
+            Step::Queued { id, due } => Outcome::Queued {
+                ticket: Ticket::new(id),
+                due_in: due.since(now),
+            },
+            Step::NotYet { ready } => Outcome::NotYet(ready.since(now)),
+            Step::Lost => Outcome::Lost,
+            Step::Done => Outcome::Done,
         })
     }
 
-    /// Empties every window of `key`.
-    pub fn drain_now(&self, key: &str, limits: &Limits) -> Result<(), Error> {
-        self.with_entry(key, limits, Cost::default(), |buckets, now| {
-            buckets.drain(now)
-        })
-    }
-
-    /// Empties every window of `key` and admits nothing on it for `pause` (a longer pause
-    /// already in force wins).
-    pub fn penalize_now(&self, key: &str, limits: &Limits, pause: Duration) -> Result<(), Error> {
-        self.with_entry(key, limits, Cost::default(), |buckets, now| {
-            let until = Nanos(now.0.saturating_add(Nanos::from_duration(pause).0));
-            buckets.penalize(now, until)
-        })
-    }
-
-    /// How many keys the store holds state for: keys whose buckets are full may already have
-    /// been forgotten, and are forgotten at the latest when their shard next grows.
+    /// How many keys hold state worth keeping: bound by a limiter, in debt or below capacity,
+    /// paused, or with calls waiting. Other keys may still be in memory until their shard is
+    /// next swept.
     pub fn len(&self) -> usize {
+        let now = self.inner.clock.now();
         self.inner
             .shards
             .iter()
             .map(|s| {
-                s.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
+                lock(s)
                     .entries
-                    .len()
+                    .values()
+                    .filter(|e| !e.forgettable(now))
+                    .count()
             })
             .sum()
     }
 
-    /// True when the store holds no state.
+    /// True when no key holds state worth keeping.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Forgets every key whose buckets are full now.
+    /// Forgets every key that nobody holds and whose state is that of a fresh one.
     pub fn sweep(&self) {
         let now = self.inner.clock.now();
         for shard in self.inner.shards.iter() {
-            let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut shard = lock(shard);
             shard.sweep_at = 0;
             shard.sweep(now);
         }
@@ -246,43 +228,53 @@ impl MemoryStore {
 }
 
 impl Shard {
-    /// Forgets full buckets once the shard has doubled since the last sweep.
+    /// Forgets what can be forgotten once the shard has doubled since the last sweep.
     fn sweep(&mut self, now: Nanos) {
         if self.entries.len() < self.sweep_at {
             return;
         }
-        self.entries
-            .retain(|_, entry| !entry.buckets.is_full(now.max(entry.last)));
+        self.entries.retain(|_, entry| !entry.forgettable(now));
         self.sweep_at = (self.entries.len() * 2).max(MIN_SWEEP);
     }
 }
 
-fn conflict(key: &str, existing: &Limits, requested: &Limits) -> Error {
-    Error::ConflictingLimits {
-        key: key.to_owned(),
-        existing: existing.clone(),
-        requested: requested.clone(),
-    }
-}
-
 impl Store for MemoryStore {
-    async fn try_acquire(&self, key: &str, limits: &Limits, cost: Cost) -> Result<Decision, Error> {
-        self.try_acquire_now(key, limits, cost)
+    type Key = MemoryKey;
+
+    fn bind(&self, key: &str, limits: &Limits) -> Result<MemoryKey, Error> {
+        let now = self.inner.clock.now();
+        let mut shard = self.shard(key);
+        if let Some(entry) = shard.entries.get(key) {
+            if entry.limits.same(limits) {
+                return Ok(MemoryKey(Arc::clone(entry)));
+            }
+            // A key with other limits conflicts while it says anything; once it is as good as
+            // new, the new limits take it.
+            if !entry.forgettable(now) {
+                return Err(Error::ConflictingLimits {
+                    key: key.to_owned(),
+                    existing: entry.limits.clone(),
+                    requested: limits.clone(),
+                });
+            }
+        } else {
+            shard.sweep(now);
+        }
+        let name: Arc<str> = Arc::from(key);
+        let entry = Arc::new(Entry {
+            key: Arc::clone(&name),
+            limits: limits.clone(),
+            state: Mutex::new(KeyState::new(limits, now)),
+        });
+        shard.entries.insert(name, Arc::clone(&entry));
+        Ok(MemoryKey(entry))
     }
 
-    async fn adjust(&self, key: &str, limits: &Limits, delta: i64) -> Result<(), Error> {
-        self.adjust_now(key, limits, delta)
+    async fn apply(&self, key: &MemoryKey, op: Op) -> Result<Outcome, Error> {
+        self.run(key, op)
     }
 
-    async fn drain(&self, key: &str, limits: &Limits) -> Result<(), Error> {
-        self.drain_now(key, limits)
-    }
-
-    async fn penalize(&self, key: &str, limits: &Limits, pause: Duration) -> Result<(), Error> {
-        self.penalize_now(key, limits, pause)
-    }
-
-    async fn snapshot(&self, key: &str, limits: &Limits) -> Result<Vec<Available>, Error> {
-        self.snapshot_now(key, limits)
+    fn apply_now(&self, key: &MemoryKey, op: Op) -> Option<Result<Outcome, Error>> {
+        Some(self.run(key, op))
     }
 }

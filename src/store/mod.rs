@@ -1,223 +1,291 @@
-//! Where the buckets of every key live, updated all-or-nothing.
+//! Where the windows of every key live, updated all-or-nothing.
 //!
-//! [`Store`] is the one trait; [`MemoryStore`] is the default, in-process backend. The limiter is
-//! generic over the store, and [`AnyStore`] is the store the process-wide registry holds: the
-//! memory store without any boxing, or any other store behind a trait object.
+//! [`Store`] is the one trait, with one state transition: [`Store::apply`] takes an [`Op`] on a
+//! key and answers an [`Outcome`]. [`MemoryStore`] is the default, in-process backend;
+//! [`redis::RedisStore`] (feature `redis`) shares keys between processes. [`AnyStore`] is the
+//! store the process-wide registry holds: the memory store without any boxing, or any other store
+//! behind a trait object.
 
+use std::any::Any;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::bucket::{Available, Cost, Decision};
+use crate::bucket::Available;
+use crate::cost::Cost;
 use crate::error::Error;
-use crate::rate::Limits;
+use crate::rate::{Currency, Limits};
 
 mod memory;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 
-pub use memory::MemoryStore;
+pub use memory::{MemoryKey, MemoryStore};
 
-/// A place where buckets live.
+/// A waiting call's place in a key's queue, as the store issued it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Ticket(u64);
+
+impl Ticket {
+    /// A ticket with the store's own identifier (for implementations of [`Store`]).
+    pub fn new(id: u64) -> Ticket {
+        Ticket(id)
+    }
+
+    /// The store's identifier.
+    pub fn id(self) -> u64 {
+        self.0
+    }
+}
+
+/// One state transition of a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Op {
+    /// A call arrives. It is [`Outcome::Admitted`] at once if every window can pay for it on
+    /// top of every call already waiting; otherwise it is [`Outcome::Queued`] behind them,
+    /// unless it would be due more than `max_wait` from now (then [`Outcome::NotYet`], and
+    /// nothing changes). `max_wait` of zero never queues; `None` has no limit.
+    Acquire {
+        /// What the call pays.
+        cost: Cost,
+        /// The longest the call may wait for its turn.
+        max_wait: Option<Duration>,
+    },
+    /// The holder of a ticket asks to pass: [`Outcome::Admitted`] (charged), [`Outcome::NotYet`]
+    /// with when to ask again, or [`Outcome::Lost`] if the ticket lapsed.
+    Admit {
+        /// The ticket.
+        ticket: Ticket,
+    },
+    /// Gives a ticket up: it was never charged, so nothing is given back.
+    Cancel {
+        /// The ticket.
+        ticket: Ticket,
+    },
+    /// Adds tokens to the windows of each currency: positive amounts are refunds (never above
+    /// capacity), negative ones charges (which may leave a window in debt).
+    Adjust {
+        /// Added to every request window.
+        requests: i64,
+        /// Added to every token window.
+        tokens: i64,
+        /// Added to every output-token window.
+        output_tokens: i64,
+    },
+    /// A provider's 429: empties every window, and admits nothing for `pause` (a longer pause
+    /// already in force wins).
+    Penalize {
+        /// How long nothing passes.
+        pause: Duration,
+    },
+    /// A provider's `remaining` count: lowers every window of `currency` to at most
+    /// `remaining`; never raises one.
+    Lower {
+        /// The currency the provider counted.
+        currency: Currency,
+        /// What the provider says is left.
+        remaining: u64,
+    },
+    /// What every window holds now: [`Outcome::Snapshot`].
+    Snapshot,
+    /// Checks that the store answers: [`Outcome::Done`].
+    Ping,
+}
+
+/// What an [`Op`] came to.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// Every window paid: the call may go.
+    Admitted,
+    /// The call has its place: it is due after `due_in`, when it should [`Op::Admit`].
+    Queued {
+        /// Its place.
+        ticket: Ticket,
+        /// How long until it is due.
+        due_in: Duration,
+    },
+    /// Nothing was charged; the call could pass after this long, if nothing else is charged
+    /// meanwhile.
+    NotYet(Duration),
+    /// The ticket lapsed (its holder did not ask for it in time) or was cancelled.
+    Lost,
+    /// Done.
+    Done,
+    /// What every window holds, in the order of [`Limits::windows`].
+    Snapshot(Vec<Available>),
+}
+
+/// A place where the windows of keys live.
 ///
-/// Every method acts on all the windows of one key at once. Implementations must be
-/// all-or-nothing (a refused call charges no window) and must reject a key that already holds
+/// A limiter first [`bind`](Store::bind)s its key, once, then sends every operation on it
+/// through [`apply`](Store::apply). Implementations must be all-or-nothing (a refused call
+/// charges no window), serve tickets in the order they were issued, and refuse a key that holds
 /// state under different limits with [`Error::ConflictingLimits`].
 pub trait Store: Send + Sync + 'static {
-    /// Charges `cost` to every window of `key` if every window can pay now, or charges nothing
-    /// and answers [`Decision::NotYet`] with the exact time until they could.
-    fn try_acquire(
-        &self,
-        key: &str,
-        limits: &Limits,
-        cost: Cost,
-    ) -> impl Future<Output = Result<Decision, Error>> + Send;
+    /// What a limiter keeps of its key: enough to find its state fast.
+    type Key: Send + Sync + 'static;
 
-    /// Adds `delta` tokens to every token window of `key`: a refund when positive (never above
-    /// capacity), a charge when negative (which may leave the windows in debt).
-    fn adjust(
-        &self,
-        key: &str,
-        limits: &Limits,
-        delta: i64,
-    ) -> impl Future<Output = Result<(), Error>> + Send;
+    /// Prepares `key` with `limits`: refuses limits this store can't keep exactly
+    /// ([`Error::UnsupportedLimits`]) and, where it can tell without I/O, a key held with
+    /// other limits ([`Error::ConflictingLimits`]).
+    fn bind(&self, key: &str, limits: &Limits) -> Result<Self::Key, Error>;
 
-    /// Empties every window of `key`.
-    fn drain(&self, key: &str, limits: &Limits) -> impl Future<Output = Result<(), Error>> + Send;
+    /// Applies `op` to the key, all or nothing.
+    fn apply(&self, key: &Self::Key, op: Op)
+    -> impl Future<Output = Result<Outcome, Error>> + Send;
 
-    /// Empties every window of `key` and admits nothing on it for `pause` (the provider said
-    /// 429 with a Retry-After); a longer pause already in force wins.
-    fn penalize(
-        &self,
-        key: &str,
-        limits: &Limits,
-        pause: Duration,
-    ) -> impl Future<Output = Result<(), Error>> + Send;
+    /// The same as [`apply`](Store::apply), answered at once by a store that never waits (the
+    /// memory store), or `None`. A limiter then needs no task of its own to finish an operation
+    /// whose caller went away.
+    fn apply_now(&self, key: &Self::Key, op: Op) -> Option<Result<Outcome, Error>> {
+        let _ = (key, op);
+        None
+    }
 
-    /// What every window of `key` holds now.
-    fn snapshot(
-        &self,
-        key: &str,
-        limits: &Limits,
-    ) -> impl Future<Output = Result<Vec<Available>, Error>> + Send;
+    /// How often a call waiting on this store should check that it still answers, so that
+    /// every waiter learns of a failure soon (remote stores); `None` when it can't fail.
+    fn health_interval(&self) -> Option<Duration> {
+        None
+    }
 }
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+type AnyKeyBox = Box<dyn Any + Send + Sync>;
 
-/// [`Store`] in a form that can be a trait object (each call boxes its future). Implemented for
-/// every [`Store`]; wrap one in [`AnyStore::custom`] to use it where the store is chosen at run
-/// time.
-pub trait DynStore: Send + Sync + 'static {
-    /// See [`Store::try_acquire`].
-    fn try_acquire_dyn<'a>(
-        &'a self,
-        key: &'a str,
-        limits: &'a Limits,
-        cost: Cost,
-    ) -> BoxFuture<'a, Result<Decision, Error>>;
-    /// See [`Store::adjust`].
-    fn adjust_dyn<'a>(
-        &'a self,
-        key: &'a str,
-        limits: &'a Limits,
-        delta: i64,
-    ) -> BoxFuture<'a, Result<(), Error>>;
-    /// See [`Store::drain`].
-    fn drain_dyn<'a>(
-        &'a self,
-        key: &'a str,
-        limits: &'a Limits,
-    ) -> BoxFuture<'a, Result<(), Error>>;
-    /// See [`Store::penalize`].
-    fn penalize_dyn<'a>(
-        &'a self,
-        key: &'a str,
-        limits: &'a Limits,
-        pause: Duration,
-    ) -> BoxFuture<'a, Result<(), Error>>;
-    /// See [`Store::snapshot`].
-    fn snapshot_dyn<'a>(
-        &'a self,
-        key: &'a str,
-        limits: &'a Limits,
-    ) -> BoxFuture<'a, Result<Vec<Available>, Error>>;
+/// [`Store`] as a trait object: what [`AnyStore::custom`] holds.
+trait DynStore: Send + Sync + 'static {
+    fn bind_dyn(&self, key: &str, limits: &Limits) -> Result<AnyKeyBox, Error>;
+    fn apply_dyn<'a>(&'a self, key: &'a AnyKeyBox, op: Op)
+    -> BoxFuture<'a, Result<Outcome, Error>>;
+    fn health_interval_dyn(&self) -> Option<Duration>;
 }
 
 impl<S: Store> DynStore for S {
-    fn try_acquire_dyn<'a>(
-        &'a self,
-        key: &'a str,
-        limits: &'a Limits,
-        cost: Cost,
-    ) -> BoxFuture<'a, Result<Decision, Error>> {
-        Box::pin(self.try_acquire(key, limits, cost))
+    fn bind_dyn(&self, key: &str, limits: &Limits) -> Result<AnyKeyBox, Error> {
+        Ok(Box::new(self.bind(key, limits)?))
     }
-    fn adjust_dyn<'a>(
+
+    fn apply_dyn<'a>(
         &'a self,
-        key: &'a str,
-        limits: &'a Limits,
-        delta: i64,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(self.adjust(key, limits, delta))
+        key: &'a AnyKeyBox,
+        op: Op,
+    ) -> BoxFuture<'a, Result<Outcome, Error>> {
+        match key.downcast_ref::<S::Key>() {
+            Some(key) => Box::pin(self.apply(key, op)),
+            // Keys are made by `bind_dyn` of the same store, so this can't happen; if it ever
+            // did, it is an error rather than a panic.
+            None => Box::pin(std::future::ready(Err(Error::store(
+                "a key bound by another store was used",
+                None,
+            )))),
+        }
     }
-    fn drain_dyn<'a>(
-        &'a self,
-        key: &'a str,
-        limits: &'a Limits,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(self.drain(key, limits))
-    }
-    fn penalize_dyn<'a>(
-        &'a self,
-        key: &'a str,
-        limits: &'a Limits,
-        pause: Duration,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(self.penalize(key, limits, pause))
-    }
-    fn snapshot_dyn<'a>(
-        &'a self,
-        key: &'a str,
-        limits: &'a Limits,
-    ) -> BoxFuture<'a, Result<Vec<Available>, Error>> {
-        Box::pin(self.snapshot(key, limits))
+
+    fn health_interval_dyn(&self) -> Option<Duration> {
+        self.health_interval()
     }
 }
 
 /// A store chosen at run time: what the process-wide registry holds.
 ///
-/// The memory store is called directly (no allocation per call); any other store goes through
-/// [`DynStore`].
+/// The memory store is called directly (no allocation per call); any other store goes through a
+/// trait object, one boxed future per call.
 #[derive(Clone)]
-pub enum AnyStore {
-    /// The in-process store.
+pub struct AnyStore(Backend);
+
+#[derive(Clone)]
+enum Backend {
     Memory(MemoryStore),
-    /// Any other store.
     Custom(Arc<dyn DynStore>),
+}
+
+/// The key of an [`AnyStore`].
+#[derive(Debug)]
+pub struct AnyKey(KeyBackend);
+
+enum KeyBackend {
+    Memory(MemoryKey),
+    Custom(AnyKeyBox),
+}
+
+impl std::fmt::Debug for KeyBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyBackend::Memory(key) => key.fmt(f),
+            KeyBackend::Custom(_) => f.write_str("Custom(..)"),
+        }
+    }
 }
 
 impl AnyStore {
     /// Wraps any store.
     pub fn custom(store: impl Store) -> AnyStore {
-        AnyStore::Custom(Arc::new(store))
+        AnyStore(Backend::Custom(Arc::new(store)))
+    }
+
+    /// The memory store inside, if this is one.
+    pub fn as_memory(&self) -> Option<&MemoryStore> {
+        match &self.0 {
+            Backend::Memory(store) => Some(store),
+            Backend::Custom(_) => None,
+        }
     }
 }
 
 impl std::fmt::Debug for AnyStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            AnyStore::Memory(store) => f.debug_tuple("Memory").field(store).finish(),
-            AnyStore::Custom(_) => f.write_str("Custom(..)"),
+        match &self.0 {
+            Backend::Memory(store) => f.debug_tuple("AnyStore").field(store).finish(),
+            Backend::Custom(_) => f.write_str("AnyStore(Custom(..))"),
         }
     }
 }
 
 impl Default for AnyStore {
     fn default() -> AnyStore {
-        AnyStore::Memory(MemoryStore::new())
+        AnyStore::from(MemoryStore::new())
     }
 }
 
 impl From<MemoryStore> for AnyStore {
     fn from(store: MemoryStore) -> AnyStore {
-        AnyStore::Memory(store)
+        AnyStore(Backend::Memory(store))
     }
 }
 
 impl Store for AnyStore {
-    async fn try_acquire(&self, key: &str, limits: &Limits, cost: Cost) -> Result<Decision, Error> {
-        match self {
-            AnyStore::Memory(store) => store.try_acquire_now(key, limits, cost),
-            AnyStore::Custom(store) => store.try_acquire_dyn(key, limits, cost).await,
+    type Key = AnyKey;
+
+    fn bind(&self, key: &str, limits: &Limits) -> Result<AnyKey, Error> {
+        Ok(AnyKey(match &self.0 {
+            Backend::Memory(store) => KeyBackend::Memory(store.bind(key, limits)?),
+            Backend::Custom(store) => KeyBackend::Custom(store.bind_dyn(key, limits)?),
+        }))
+    }
+
+    async fn apply(&self, key: &AnyKey, op: Op) -> Result<Outcome, Error> {
+        match (&self.0, &key.0) {
+            (Backend::Memory(store), KeyBackend::Memory(key)) => store.run(key, op),
+            (Backend::Custom(store), KeyBackend::Custom(key)) => store.apply_dyn(key, op).await,
+            _ => Err(Error::store("a key bound by another store was used", None)),
         }
     }
 
-    async fn adjust(&self, key: &str, limits: &Limits, delta: i64) -> Result<(), Error> {
-        match self {
-            AnyStore::Memory(store) => store.adjust_now(key, limits, delta),
-            AnyStore::Custom(store) => store.adjust_dyn(key, limits, delta).await,
+    fn apply_now(&self, key: &AnyKey, op: Op) -> Option<Result<Outcome, Error>> {
+        match (&self.0, &key.0) {
+            (Backend::Memory(store), KeyBackend::Memory(key)) => Some(store.run(key, op)),
+            _ => None,
         }
     }
 
-    async fn drain(&self, key: &str, limits: &Limits) -> Result<(), Error> {
-        match self {
-            AnyStore::Memory(store) => store.drain_now(key, limits),
-            AnyStore::Custom(store) => store.drain_dyn(key, limits).await,
-        }
-    }
-
-    async fn penalize(&self, key: &str, limits: &Limits, pause: Duration) -> Result<(), Error> {
-        match self {
-            AnyStore::Memory(store) => store.penalize_now(key, limits, pause),
-            AnyStore::Custom(store) => store.penalize_dyn(key, limits, pause).await,
-        }
-    }
-
-    async fn snapshot(&self, key: &str, limits: &Limits) -> Result<Vec<Available>, Error> {
-        match self {
-            AnyStore::Memory(store) => store.snapshot_now(key, limits),
-            AnyStore::Custom(store) => store.snapshot_dyn(key, limits).await,
+    fn health_interval(&self) -> Option<Duration> {
+        match &self.0 {
+            Backend::Memory(_) => None,
+            Backend::Custom(store) => store.health_interval_dyn(),
         }
     }
 }

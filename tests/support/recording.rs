@@ -2,11 +2,10 @@
 //! and the workers example check the window bound on Redis's own clock.
 
 use std::sync::Mutex;
-use std::time::Duration;
 
-use tollgate::bucket::Available;
-use tollgate::store::redis::RedisStore;
-use tollgate::{Cost, Decision, Error, Limits, Store};
+use tollgate::store::redis::{RedisKey, RedisStore};
+use tollgate::store::{Op, Outcome};
+use tollgate::{Error, Limits, Store, testing};
 
 pub struct Recording {
     store: RedisStore,
@@ -31,26 +30,24 @@ impl Recording {
 }
 
 impl Store for Recording {
-    async fn try_acquire(&self, key: &str, limits: &Limits, cost: Cost) -> Result<Decision, Error> {
-        let (decision, now_ms) = self.store.try_acquire_at(key, limits, cost, None).await?;
-        if decision.is_admitted() {
+    type Key = RedisKey;
+
+    fn bind(&self, key: &str, limits: &Limits) -> Result<RedisKey, Error> {
+        self.store.bind(key, limits)
+    }
+
+    async fn apply(&self, key: &RedisKey, op: Op) -> Result<Outcome, Error> {
+        let (outcome, now_ms) = testing::redis_apply_at(&self.store, key, op, None).await?;
+        if outcome == Outcome::Admitted {
             self.admitted_at
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push(now_ms);
         }
-        Ok(decision)
+        Ok(outcome)
     }
-    async fn adjust(&self, key: &str, limits: &Limits, delta: i64) -> Result<(), Error> {
-        self.store.adjust(key, limits, delta).await
-    }
-    async fn drain(&self, key: &str, limits: &Limits) -> Result<(), Error> {
-        self.store.drain(key, limits).await
-    }
-    async fn penalize(&self, key: &str, limits: &Limits, pause: Duration) -> Result<(), Error> {
-        self.store.penalize(key, limits, pause).await
-    }
-    async fn snapshot(&self, key: &str, limits: &Limits) -> Result<Vec<Available>, Error> {
-        self.store.snapshot(key, limits).await
+
+    fn health_interval(&self) -> Option<std::time::Duration> {
+        self.store.health_interval()
     }
 }

@@ -1,0 +1,116 @@
+//! What a call pays, and what it turned out to use.
+
+use std::fmt;
+
+use crate::rate::Currency;
+
+/// What one call pays: requests (normally 1), tokens (the estimate of its input, plus the output
+/// it reserves where the provider meters both together), and output tokens (the output it
+/// reserves, where the provider limits output apart).
+///
+/// A cost may be zero in some currencies (an empty prompt pays its request and nothing else),
+/// but not in all of them.
+///
+/// ```
+/// use tollgate::Cost;
+///
+/// let call = Cost::call(1_200);
+/// assert_eq!((call.requests, call.tokens, call.output_tokens), (1, 1_200, 0));
+/// let anthropic = Cost::call(1_200).with_output_tokens(1_024);
+/// assert_eq!(anthropic.to_string(), "1 requests + 1200 tokens + 1024 output tokens");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub struct Cost {
+    /// Charged to every request window.
+    pub requests: u64,
+    /// Charged to every token window.
+    pub tokens: u64,
+    /// Charged to every output-token window.
+    pub output_tokens: u64,
+}
+
+impl Cost {
+    /// One request carrying `tokens` tokens: the cost of an ordinary call.
+    pub const fn call(tokens: u64) -> Cost {
+        Cost::new(1, tokens)
+    }
+
+    /// Explicit amounts of requests and tokens.
+    pub const fn new(requests: u64, tokens: u64) -> Cost {
+        Cost {
+            requests,
+            tokens,
+            output_tokens: 0,
+        }
+    }
+
+    /// The same cost with this many output tokens reserved.
+    pub const fn with_output_tokens(self, output_tokens: u64) -> Cost {
+        Cost {
+            output_tokens,
+            ..self
+        }
+    }
+
+    /// The amount of one currency.
+    pub fn of(&self, currency: Currency) -> u64 {
+        match currency {
+            Currency::Requests => self.requests,
+            Currency::Tokens => self.tokens,
+            Currency::OutputTokens => self.output_tokens,
+        }
+    }
+
+    /// True when every currency is zero: such a cost pays for nothing, and is refused.
+    pub fn is_zero(&self) -> bool {
+        Currency::ALL.iter().all(|c| self.of(*c) == 0)
+    }
+}
+
+impl fmt::Display for Cost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} requests + {} tokens", self.requests, self.tokens)?;
+        if self.output_tokens > 0 {
+            write!(f, " + {} output tokens", self.output_tokens)?;
+        }
+        Ok(())
+    }
+}
+
+/// What a call really used, as the provider reports it: for [`Permit::settle_usage`].
+///
+/// [`Permit::settle_usage`]: crate::Permit::settle_usage
+///
+/// ```
+/// use tollgate::Usage;
+///
+/// let usage = Usage::tokens(420).with_output_tokens(96);
+/// assert_eq!((usage.tokens, usage.output_tokens), (Some(420), Some(96)));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub struct Usage {
+    /// The tokens the token windows should have been charged; `None` leaves them as charged.
+    pub tokens: Option<u64>,
+    /// The output tokens the output-token windows should have been charged; `None` leaves them.
+    pub output_tokens: Option<u64>,
+}
+
+impl Usage {
+    /// The token windows' real usage, and nothing said of output.
+    pub const fn tokens(tokens: u64) -> Usage {
+        Usage {
+            tokens: Some(tokens),
+            output_tokens: None,
+        }
+    }
+
+    /// The same usage with the output tokens reported.
+    pub const fn with_output_tokens(self, output_tokens: u64) -> Usage {
+        Usage {
+            output_tokens: Some(output_tokens),
+            ..self
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! How the waiters of a key on a store that can fail learn of a failure together.
+//!
+//! Every answer from the store is a sign of life; every "unavailable" is published to every
+//! call sleeping on the limiter, which then fails at once instead of learning it one by one at
+//! its own turn. While calls sleep and nothing else talks to the store, a watchdog asks it
+//! every [`Store::health_interval`], so that a server that died or stopped is noticed within
+//! about one store timeout even when nobody is due.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::{Inner, Limiter};
+use crate::error::Error;
+use crate::store::{Op, Store};
+
+pub(super) struct Health {
+    failures: watch::Sender<Option<Arc<Error>>>,
+    origin: Instant,
+    /// Nanoseconds from `origin` to the last answer from the store.
+    last_contact: AtomicU64,
+    watchdog: AtomicBool,
+    interval: Duration,
+}
+
+impl Health {
+    fn new(interval: Duration) -> Health {
+        Health {
+            failures: watch::Sender::new(None),
+            origin: Instant::now(),
+            last_contact: AtomicU64::new(0),
+            watchdog: AtomicBool::new(false),
+            interval,
+        }
+    }
+
+    fn since_origin(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn touch(&self) {
+        self.last_contact
+            .store(self.since_origin(), Ordering::Relaxed);
+    }
+
+    fn heard_within(&self, interval: Duration) -> bool {
+        let last = self.last_contact.load(Ordering::Relaxed);
+        Duration::from_nanos(self.since_origin().saturating_sub(last)) < interval
+    }
+
+    fn fail(&self, err: &Error) {
+        self.failures.send_replace(Some(Arc::new(err.duplicate())));
+    }
+
+    pub(super) fn subscribe(&self) -> watch::Receiver<Option<Arc<Error>>> {
+        self.failures.subscribe()
+    }
+}
+
+impl<S: Store> Inner<S> {
+    pub(super) fn health(&self) -> Option<&Health> {
+        let interval = self.store.health_interval()?;
+        Some(self.health.get_or_init(|| Health::new(interval)))
+    }
+
+    /// Takes note of what the store answered.
+    pub(super) fn note<T>(&self, result: &Result<T, Error>) {
+        if let Some(health) = self.health() {
+            match result {
+                Ok(_) => health.touch(),
+                Err(err @ Error::Unavailable { .. }) => health.fail(err),
+                Err(_) => {}
+            }
+        }
+    }
+}
+
+impl<S: Store> Limiter<S> {
+    /// Starts the watchdog if the store can fail and none runs yet; it ends by itself when no
+    /// call waits any more.
+    pub(super) fn ensure_watchdog(&self) {
+        let Some(health) = self.inner.health() else {
+            return;
+        };
+        if health.watchdog.swap(true, Ordering::AcqRel)
+            || tokio::runtime::Handle::try_current().is_err()
+        {
+            return;
+        }
+        let weak = Arc::downgrade(&self.inner);
+        let interval = health.interval;
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(interval).await;
+                let Some(inner) = weak.upgrade() else { return };
+                let Some(health) = inner.health() else { return };
+                if inner.waiters.load(Ordering::Acquire) == 0 {
+                    health.watchdog.store(false, Ordering::Release);
+                    // A call that started waiting just now may have seen the flag still set.
+                    if inner.waiters.load(Ordering::Acquire) == 0
+                        || health.watchdog.swap(true, Ordering::AcqRel)
+                    {
+                        return;
+                    }
+                }
+                if health.heard_within(interval) {
+                    continue;
+                }
+                let result = inner.store.apply(&inner.bound, Op::Ping).await;
+                inner.note(&result);
+            }
+        });
+    }
+}

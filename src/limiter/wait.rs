@@ -1,0 +1,304 @@
+//! Waiting for a turn: tickets, deadlines, and giving back what a call that went away took.
+//!
+//! A call that can't pass at once gets a ticket from the store and sleeps until it is due; a
+//! [`TicketGuard`] gives the ticket up if the call is dropped. On a store that answers at once
+//! (memory) every operation is synchronous, so a dropped call can't leave one half done. On a
+//! remote store each operation runs in a task of its own, and a [`Delivery`] that finds its
+//! caller gone gives back what the operation took: a ticket is cancelled, an admission refunded.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Limiter, Permit, unexpected};
+use crate::cost::Cost;
+use crate::error::Error;
+use crate::store::{Op, Outcome, Store, Ticket};
+
+/// How far past its deadline a call may still wait for a store's answer that is on its way.
+const DEADLINE_GRACE: Duration = Duration::from_millis(2);
+
+/// The store did not answer before the call's deadline.
+pub(super) struct DeadlinePassed;
+
+/// Keeps the waiter count right however the wait ends, including when the future is dropped.
+struct WaiterSlot<'a>(&'a AtomicUsize);
+
+impl<'a> WaiterSlot<'a> {
+    fn new(count: &'a AtomicUsize) -> WaiterSlot<'a> {
+        count.fetch_add(1, Ordering::AcqRel);
+        WaiterSlot(count)
+    }
+}
+
+impl Drop for WaiterSlot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Gives the ticket up unless the call was admitted.
+struct TicketGuard<'a, S: Store> {
+    limiter: &'a Limiter<S>,
+    ticket: Option<Ticket>,
+}
+
+impl<S: Store> Drop for TicketGuard<'_, S> {
+    fn drop(&mut self) {
+        if let Some(ticket) = self.ticket.take() {
+            self.limiter.settle_in_background(Op::Cancel { ticket });
+        }
+    }
+}
+
+/// A store's answer on its way to a caller that may have gone: dropped undelivered, it gives
+/// back what the operation took.
+struct Delivery<S: Store> {
+    limiter: Limiter<S>,
+    op: Op,
+    /// What an admission charged, to refund if nobody takes it.
+    charged: Cost,
+    result: Option<Result<Outcome, Error>>,
+}
+
+impl<S: Store> Delivery<S> {
+    fn take(&mut self) -> Result<Outcome, Error> {
+        self.result
+            .take()
+            .unwrap_or_else(|| Err(Error::store("an answer was delivered twice", None)))
+    }
+}
+
+impl<S: Store> Drop for Delivery<S> {
+    fn drop(&mut self) {
+        let undo = match (&self.op, self.result.take()) {
+            (_, Some(Ok(Outcome::Queued { ticket, .. }))) => Op::Cancel { ticket },
+            (Op::Acquire { .. } | Op::Admit { .. }, Some(Ok(Outcome::Admitted))) => Op::Adjust {
+                requests: clamp_refund(self.charged.requests),
+                tokens: clamp_refund(self.charged.tokens),
+                output_tokens: clamp_refund(self.charged.output_tokens),
+            },
+            _ => return,
+        };
+        self.limiter.settle_in_background(undo);
+    }
+}
+
+fn clamp_refund(amount: u64) -> i64 {
+    i64::try_from(amount).unwrap_or(i64::MAX)
+}
+
+impl<S: Store> Limiter<S> {
+    /// Runs `op` on the store, within `deadline` (plus a hair for an answer on its way). On a
+    /// remote store the operation runs in a task of its own, so that a caller that goes away
+    /// midway leaves nothing taken: see [`Delivery`].
+    pub(super) async fn call(
+        &self,
+        op: Op,
+        charged: Cost,
+        deadline: Option<Instant>,
+    ) -> Result<Result<Outcome, Error>, DeadlinePassed> {
+        let inner = &self.inner;
+        if let Some(result) = inner.store.apply_now(&inner.bound, op) {
+            return Ok(result);
+        }
+        if tokio::runtime::Handle::try_current().is_err() {
+            // Not on a tokio runtime: no task to finish the operation if the caller leaves, but
+            // the operation itself still runs.
+            let result = inner.store.apply(&inner.bound, op).await;
+            inner.note(&result);
+            return Ok(result);
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let limiter = self.clone();
+        tokio::spawn(async move {
+            let result = limiter.inner.store.apply(&limiter.inner.bound, op).await;
+            limiter.inner.note(&result);
+            // If the caller went away, the delivery comes back here and is dropped, giving back
+            // what the operation took.
+            let _ = tx.send(Delivery {
+                limiter,
+                op,
+                charged,
+                result: Some(result),
+            });
+        });
+        let delivered = match deadline {
+            Some(deadline) => match tokio::time::timeout_at(deadline + DEADLINE_GRACE, rx).await {
+                Ok(delivered) => delivered,
+                Err(_) => return Err(DeadlinePassed),
+            },
+            None => rx.await,
+        };
+        Ok(match delivered {
+            Ok(mut delivery) => delivery.take(),
+            Err(_) => Err(Error::store(
+                "the task running the store call ended without an answer",
+                None,
+            )),
+        })
+    }
+
+    /// Runs `op` with no deadline but the store's own timeout.
+    pub(super) async fn call_bounded(&self, op: Op) -> Result<Outcome, Error> {
+        let charged = match op {
+            Op::Acquire { cost, .. } => cost,
+            _ => Cost::default(),
+        };
+        match self.call(op, charged, None).await {
+            Ok(result) => result,
+            Err(DeadlinePassed) => Err(Error::store("no deadline, yet one passed", None)),
+        }
+    }
+
+    /// Runs `op` without waiting for it: at once on a store that answers at once, else in a
+    /// task of its own (when there is a runtime to run it).
+    fn settle_in_background(&self, op: Op) {
+        let inner = &self.inner;
+        if inner.store.apply_now(&inner.bound, op).is_some() {
+            return;
+        }
+        if tokio::runtime::Handle::try_current().is_ok() {
+            let limiter = self.clone();
+            tokio::spawn(async move {
+                let result = limiter.inner.store.apply(&limiter.inner.bound, op).await;
+                limiter.inner.note(&result);
+                if let Err(err) = result {
+                    tracing::warn!(key = %limiter.inner.key, error = %err, "could not give back what a dropped call took");
+                }
+            });
+        }
+    }
+
+    fn timeout(&self, start: Instant, needed: Option<Duration>) -> Error {
+        self.meters().timeouts.increment(1);
+        Error::Timeout {
+            key: self.inner.key.clone(),
+            waited: Instant::now().saturating_duration_since(start),
+            needed,
+        }
+    }
+
+    /// The answer of a call, or the timeout it turned into.
+    fn answer(
+        &self,
+        called: Result<Result<Outcome, Error>, DeadlinePassed>,
+        start: Instant,
+    ) -> Result<Outcome, Error> {
+        match called {
+            Ok(result) => result,
+            Err(DeadlinePassed) => Err(self.timeout(start, None)),
+        }
+    }
+
+    fn remaining(deadline: Option<Instant>) -> Option<Duration> {
+        deadline.map(|d| d.saturating_duration_since(Instant::now()))
+    }
+
+    /// Waits for a turn (see [`Limiter::acquire_until`]).
+    pub(super) async fn wait(
+        &self,
+        cost: Cost,
+        start: Instant,
+        deadline: Option<Instant>,
+    ) -> Result<Permit<S>, Error> {
+        self.validate(cost)?;
+        let full = self.waiters() >= self.inner.policy.max_waiters();
+        let max_wait = if full {
+            Some(Duration::ZERO)
+        } else {
+            Self::remaining(deadline)
+        };
+        let op = Op::Acquire { cost, max_wait };
+        let (ticket, due_in) = match self.answer(self.call(op, cost, deadline).await, start)? {
+            Outcome::Admitted => return Ok(self.permit(cost, start)),
+            Outcome::NotYet(_) if full => {
+                return Err(Error::QueueFull {
+                    key: self.inner.key.clone(),
+                    limit: self.inner.policy.max_waiters(),
+                });
+            }
+            Outcome::NotYet(needed) => return Err(self.timeout(start, Some(needed))),
+            Outcome::Queued { ticket, due_in } => (ticket, due_in),
+            other => return Err(unexpected(&other)),
+        };
+        let _slot = WaiterSlot::new(&self.inner.waiters);
+        let mut guard = TicketGuard {
+            limiter: self,
+            ticket: Some(ticket),
+        };
+        let mut failures = self.inner.health().map(|h| h.subscribe());
+        self.ensure_watchdog();
+        let backoff = self.inner.policy.backoff();
+        let mut sleep = due_in;
+        let mut attempt = 0u32;
+        loop {
+            let target = Instant::now().checked_add(sleep);
+            let wake = match (target, deadline) {
+                (Some(t), Some(d)) => t.min(d),
+                (Some(t), None) => t,
+                (None, Some(d)) => d,
+                (None, None) => Instant::now() + Duration::from_secs(86_400 * 365),
+            };
+            loop {
+                let Some(rx) = failures.as_mut() else {
+                    tokio::time::sleep_until(wake).await;
+                    break;
+                };
+                tokio::select! {
+                    biased;
+                    changed = rx.changed() => {
+                        let failure = changed.ok().and_then(|()| rx.borrow_and_update().clone());
+                        if let Some(err) = failure {
+                            return Err(err.duplicate());
+                        }
+                    }
+                    () = tokio::time::sleep_until(wake) => break,
+                }
+            }
+            // Woken by the deadline before the turn came: it will not come in time.
+            if target.is_none_or(|t| t > wake) {
+                let needed = target.map(|t| t.saturating_duration_since(wake));
+                return Err(self.timeout(start, needed));
+            }
+            let Some(ticket) = guard.ticket else {
+                return Err(Error::store("a waiting call lost its ticket", None));
+            };
+            let called = self.call(Op::Admit { ticket }, cost, deadline).await;
+            match self.answer(called, start)? {
+                Outcome::Admitted => {
+                    guard.ticket = None;
+                    return Ok(self.permit(cost, start));
+                }
+                Outcome::NotYet(hint) => {
+                    if Self::remaining(deadline).is_some_and(|left| hint > left) {
+                        return Err(self.timeout(start, Some(hint)));
+                    }
+                    sleep = backoff.sleep_for(hint, attempt);
+                    attempt = attempt.saturating_add(1);
+                }
+                Outcome::Lost => {
+                    // The ticket lapsed (this runtime was too busy to ask for it in time): take
+                    // a new place, at the back.
+                    guard.ticket = None;
+                    let op = Op::Acquire {
+                        cost,
+                        max_wait: Self::remaining(deadline),
+                    };
+                    match self.answer(self.call(op, cost, deadline).await, start)? {
+                        Outcome::Admitted => return Ok(self.permit(cost, start)),
+                        Outcome::Queued { ticket, due_in } => {
+                            guard.ticket = Some(ticket);
+                            sleep = backoff.sleep_for(due_in, attempt);
+                            attempt = attempt.saturating_add(1);
+                        }
+                        Outcome::NotYet(needed) => return Err(self.timeout(start, Some(needed))),
+                        other => return Err(unexpected(&other)),
+                    }
+                }
+                other => return Err(unexpected(&other)),
+            }
+        }
+    }
+}

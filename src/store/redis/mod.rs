@@ -1,0 +1,542 @@
+//! The Redis store: one key's windows shared by every process and machine (feature `redis`).
+//!
+//! Each key is a Redis hash and a sorted set under one Cluster hash tag (so a key's state lives
+//! in one slot), checked and changed by one Lua script in one round trip: all windows or none,
+//! exactly as [`MemoryStore`](crate::MemoryStore) does. Time is the server's `TIME`, one clock
+//! for every worker, so clients whose clocks differ can't gain or lose allowance. The limits
+//! are stored with the state, so a process that uses the key with other limits gets
+//! [`Error::ConflictingLimits`] instead of corrupting the windows. A key expires as soon as its
+//! windows would be full again and no ticket can still be claimed, so idle keys leave nothing
+//! behind.
+//!
+//! # Arrival order across processes
+//!
+//! The script keeps each key's queue of tickets: a call that can't pass at once gets the
+//! instant it is due, computed as if every call ahead of it (from any process) paid on time,
+//! and sleeps until then; at that instant it asks once and, if the calls ahead did pay on time,
+//! passes. A newcomer passes at once only when the key can pay for it on top of everyone
+//! waiting, so no call delays one that reached the server before it. A ticket whose holder
+//! stops asking (its process died) lapses [`RedisConfig::lease`] after it was due (1 s by
+//! default), and stops holding anyone up.
+//!
+//! # Precision
+//!
+//! Lua numbers are doubles, exact for integers below 2^53. The script counts time in
+//! milliseconds (the server's `TIME`, truncated) and each window in units of `1/S` token, where
+//! `S = P / gcd(N, P)` for a rate of `N` per `P` milliseconds; the refill is then `N / gcd(N, P)`
+//! units a millisecond, and every decision is exact integer arithmetic as long as
+//! `burst × S < 2^46 ≈ 7·10^13` (which leaves room for a debt of 64 bursts). Round rates reduce
+//! far below that: `100000/m` has S = 3, `2000000/d` has S = 216, `5/s burst 10` has S = 200.
+//! Even with no common factor at all, any rate with a period up to a day and a burst up to
+//! 800,000, or a period up to a minute and a burst up to 10^9, is exact. Limits outside the
+//! range are refused when the limiter is built ([`Error::UnsupportedLimits`]), naming the
+//! window, rather than decided approximately. The script checks every argument again, so no
+//! client can make it compute outside that range or loop on a value.
+//!
+//! # Failure
+//!
+//! Every call is bounded by the configured timeout: when Redis is down or stopped, the answer
+//! is [`Error::Unavailable`] with the cause, never a silent hang and never a silent admission,
+//! and every call waiting on the key learns it within about one timeout. The connection is
+//! re-established in the background, and the script is reloaded after a `SCRIPT FLUSH` or a
+//! restart without the caller seeing it. With [`RedisConfig::fail_open`], an admission that
+//! finds Redis unreachable or timed out is granted with a warning instead; a reply that says no
+//! (conflicting limits, a refused argument, a script error) is still an error.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
+
+use crate::error::{Cause, Error};
+use crate::rate::Limits;
+use crate::store::{Op, Outcome, Store, Ticket};
+
+mod script;
+mod url;
+
+use script::{Reply, Scaled};
+use url::Shown;
+
+/// How a [`RedisStore`] connects and fails.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::store::redis::RedisConfig;
+///
+/// let config = RedisConfig::default()
+///     .with_prefix("myapp")
+///     .with_timeout(Duration::from_millis(250));
+/// assert_eq!(config.prefix(), "myapp");
+/// assert_eq!(config.lease(), Duration::from_secs(1));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    prefix: String,
+    timeout: Duration,
+    fail_open: bool,
+    lease: Duration,
+    tls_ca_file: Option<std::path::PathBuf>,
+}
+
+impl Default for RedisConfig {
+    fn default() -> RedisConfig {
+        RedisConfig {
+            prefix: "tollgate".to_owned(),
+            timeout: Duration::from_secs(1),
+            fail_open: false,
+            lease: Duration::from_secs(1),
+            tls_ca_file: None,
+        }
+    }
+}
+
+impl RedisConfig {
+    /// Kept apart from other prefixes in every key's name. Default `tollgate`.
+    pub fn with_prefix(self, prefix: impl Into<String>) -> RedisConfig {
+        RedisConfig {
+            prefix: prefix.into(),
+            ..self
+        }
+    }
+
+    /// The longest any one store call may take, connection included. Default 1 s.
+    pub fn with_timeout(self, timeout: Duration) -> RedisConfig {
+        RedisConfig { timeout, ..self }
+    }
+
+    /// Admit (with a warning) instead of failing when Redis can't be reached or does not answer
+    /// in time. Nothing else is admitted: refused limits, conflicts and bad arguments are
+    /// errors. Default false.
+    pub fn with_fail_open(self, fail_open: bool) -> RedisConfig {
+        RedisConfig { fail_open, ..self }
+    }
+
+    /// How long past its due time a waiting call's ticket is kept without its holder asking
+    /// for it: what a call whose process died holds the key up for, at most. Default 1 s.
+    pub fn with_lease(self, lease: Duration) -> RedisConfig {
+        RedisConfig { lease, ..self }
+    }
+
+    /// For `rediss://` URLs: a PEM file of the certificate authority to trust instead of the
+    /// system's roots (a private CA, a self-signed server). Needs the `redis-tls` feature.
+    pub fn with_tls_ca_file(self, path: impl Into<std::path::PathBuf>) -> RedisConfig {
+        RedisConfig {
+            tls_ca_file: Some(path.into()),
+            ..self
+        }
+    }
+
+    /// The prefix of every key's name.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The longest any one store call may take.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Whether an unreachable Redis admits.
+    pub fn fail_open(&self) -> bool {
+        self.fail_open
+    }
+
+    /// How long an unclaimed ticket is kept past its due time.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// The certificate authority for TLS, if one is given.
+    pub fn tls_ca_file(&self) -> Option<&std::path::Path> {
+        self.tls_ca_file.as_deref()
+    }
+}
+
+/// Windows in Redis (or Valkey), shared by every process that uses the same server and prefix.
+///
+/// ```no_run
+/// use tollgate::store::redis::RedisStore;
+/// use tollgate::{Cost, Limiter, Limits};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tollgate::Error> {
+/// let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+/// let limiter = Limiter::new("openai", Limits::parse("500/m", "200000/m")?, store)?;
+/// limiter.acquire(Cost::call(1_200)).await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    connection: ConnectionManager,
+    script: Script,
+    config: RedisConfig,
+    /// The URL without secrets, and the secrets to scrub from anything that may echo it.
+    shown: Shown,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("url", &self.inner.shown.url)
+            .field("config", &self.inner.config)
+            .finish()
+    }
+}
+
+/// A key bound to a [`RedisStore`]: its names in Redis and its windows in the script's terms.
+#[derive(Debug, Clone)]
+pub struct RedisKey {
+    name: String,
+    hash: String,
+    queue: String,
+    limits: Limits,
+    signature: String,
+    windows: Arc<[Scaled]>,
+}
+
+/// `text` with the characters that would end a Cluster hash tag, or be read as an escape,
+/// escaped: `%` → `%25`, `{` → `%7B`, `}` → `%7D`.
+fn escape(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.contains(['%', '{', '}']) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    std::borrow::Cow::Owned(
+        text.replace('%', "%25")
+            .replace('{', "%7B")
+            .replace('}', "%7D"),
+    )
+}
+
+/// The hash tag of `key` under `prefix`: `{<length of prefix>:<prefix>:<key>}`, both escaped.
+/// The length makes the encoding unambiguous: `app` with `eu:openai` and `app:eu` with `openai`
+/// can't meet.
+pub(crate) fn tag(prefix: &str, key: &str) -> String {
+    let prefix = escape(prefix);
+    format!("{{{}:{prefix}:{}}}", prefix.len(), escape(key))
+}
+
+/// A driver error that says the server can't be reached or did not answer, rather than that
+/// it answered no.
+fn is_unavailable(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || matches!(
+            e.kind(),
+            ErrorKind::ClusterConnectionNotFound
+                | ErrorKind::MasterNameNotFoundBySentinel
+                | ErrorKind::NoValidReplicasFoundBySentinel
+                | ErrorKind::Server(
+                    ServerErrorKind::BusyLoading
+                        | ServerErrorKind::TryAgain
+                        | ServerErrorKind::ClusterDown
+                        | ServerErrorKind::MasterDown
+                        | ServerErrorKind::ReadOnly
+                )
+        )
+        || e.code() == Some("BUSY")
+}
+
+/// A cause with every secret removed: the driver's own error when it holds none, else its
+/// text, scrubbed.
+#[derive(Debug)]
+struct Scrubbed(String);
+
+impl std::fmt::Display for Scrubbed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Scrubbed {}
+
+impl RedisStore {
+    /// Connects with the default [`RedisConfig`], checking that the server answers.
+    ///
+    /// `url` is `redis://[user:password@]host[:port][/db]`, `rediss://` for TLS (with the
+    /// `redis-tls` feature; see [`RedisConfig::with_tls_ca_file`] for a private CA),
+    /// `redis+unix:///path?db=N&pass=...`, or the `valkey` forms of these. The password never
+    /// appears in an error or a log.
+    pub async fn connect(url: &str) -> Result<RedisStore, Error> {
+        RedisStore::connect_with(url, RedisConfig::default()).await
+    }
+
+    /// Connects with `config`, checking that the server answers within its timeout.
+    pub async fn connect_with(url: &str, config: RedisConfig) -> Result<RedisStore, Error> {
+        let store = RedisStore::lazy(url, config)?;
+        store.ping().await?;
+        Ok(store)
+    }
+
+    /// A store that connects on first use (and reconnects by itself after failures): for
+    /// programs that start before their Redis does.
+    pub fn lazy(url: &str, config: RedisConfig) -> Result<RedisStore, Error> {
+        let shown = Shown::new(url);
+        let client = open_client(url, &config).map_err(|reason| {
+            Error::store(
+                format!("Redis at `{}`: {}", shown.url, shown.scrub(&reason)),
+                None,
+            )
+        })?;
+        let manager_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.timeout))
+            .set_response_timeout(Some(config.timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_secs(1));
+        let connection = ConnectionManager::new_lazy_with_config(client, manager_config)
+            .map_err(|e| fail(&shown, "could not set up the connection", e))?;
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                connection,
+                script: Script::new(script::LUA),
+                config,
+                shown,
+            }),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RedisConfig {
+        &self.inner.config
+    }
+
+    /// Awaits `call` within the configured timeout, turning a driver error or the timeout
+    /// into [`Error::Unavailable`] or [`Error::Store`] saying `what` failed.
+    async fn bounded<T>(
+        &self,
+        what: &str,
+        call: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, Error> {
+        match tokio::time::timeout(self.inner.config.timeout, call).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(fail(&self.inner.shown, &format!("{what} failed"), e)),
+            Err(_) => Err(Error::unavailable(
+                format!(
+                    "Redis at `{}`: {what} timed out: no answer within {:?}",
+                    self.inner.shown.url, self.inner.config.timeout
+                ),
+                None,
+            )),
+        }
+    }
+
+    /// Sends `PING` and waits for the answer, within the timeout.
+    pub async fn ping(&self) -> Result<(), Error> {
+        let mut connection = self.inner.connection.clone();
+        let command = redis::cmd("PING");
+        self.bounded("PING", command.query_async::<String>(&mut connection))
+            .await
+            .map(|_| ())
+    }
+
+    /// Runs the script for `op` on `key`, at `now_ms` (tests) or the server's `TIME`.
+    async fn run(&self, key: &RedisKey, op: Op, now_ms: Option<u64>) -> Result<Reply, Error> {
+        let (name, args) = script::op_args(op);
+        let mut invocation = self.inner.script.prepare_invoke();
+        invocation
+            .key(&key.hash)
+            .key(&key.queue)
+            .arg(name)
+            .arg(&key.signature)
+            .arg(now_ms.map(|t| t.to_string()).unwrap_or_default())
+            .arg(key.windows.len())
+            .arg(u64::try_from(self.inner.config.lease.as_millis()).unwrap_or(u64::MAX));
+        script::window_args(&mut invocation, &key.windows);
+        for arg in args {
+            invocation.arg(arg);
+        }
+        let mut connection = self.inner.connection.clone();
+        // A connection that broke since the last call (a restarted server) fails once, and the
+        // manager reconnects; one more try, inside the same timeout, hides that from callers.
+        let call = async {
+            match invocation.invoke_async::<Value>(&mut connection).await {
+                Err(e) if e.is_connection_dropped() || e.is_io_error() => {
+                    invocation.invoke_async::<Value>(&mut connection).await
+                }
+                other => other,
+            }
+        };
+        let value = self.bounded("the script", call).await?;
+        match script::parse_reply(value) {
+            Some(Reply::Conflict { stored }) => Err(Error::ConflictingLimits {
+                key: key.name.clone(),
+                existing: script::parse_stored_limits(&stored)
+                    .unwrap_or_else(|| key.limits.clone()),
+                requested: key.limits.clone(),
+            }),
+            Some(reply) => Ok(reply),
+            None => Err(Error::store(
+                format!(
+                    "Redis at `{}`: the script answered something this version does not send",
+                    self.inner.shown.url
+                ),
+                None,
+            )),
+        }
+    }
+
+    /// [`Store::apply`] at an explicit time in milliseconds (`None`: the server's `TIME`),
+    /// answering the time the script used too: see [`crate::testing`].
+    pub(crate) async fn apply_at(
+        &self,
+        key: &RedisKey,
+        op: Op,
+        now_ms: Option<u64>,
+    ) -> Result<(Outcome, u64), Error> {
+        if let Op::Acquire { cost, .. } = op {
+            crate::bucket::validate(&key.limits, cost)
+                .map_err(|e| Error::from_bucket(&key.name, cost, e))?;
+        }
+        let reply = match self.run(key, op, now_ms).await {
+            Err(err @ Error::Unavailable { .. })
+                if self.inner.config.fail_open
+                    && matches!(op, Op::Acquire { .. } | Op::Admit { .. }) =>
+            {
+                tracing::warn!(key = %key.name, error = %err, "Redis unavailable; admitting because fail_open is set");
+                return Ok((Outcome::Admitted, 0));
+            }
+            other => other?,
+        };
+        let now_ms = reply.now_ms();
+        let ms = Duration::from_millis;
+        let outcome = match (op, reply) {
+            (Op::Snapshot, Reply::Levels { levels, .. }) => Outcome::Snapshot(
+                script::available(&key.windows, &levels)
+                    .ok_or_else(|| self.odd_reply("a snapshot of the wrong length"))?,
+            ),
+            (Op::Acquire { .. } | Op::Admit { .. }, Reply::Ok { .. }) => Outcome::Admitted,
+            (Op::Acquire { .. }, Reply::Queued { id, due_in_ms, .. }) => Outcome::Queued {
+                ticket: Ticket::new(id),
+                due_in: ms(due_in_ms),
+            },
+            (Op::Acquire { .. } | Op::Admit { .. }, Reply::Wait { millis, .. }) => {
+                Outcome::NotYet(ms(millis))
+            }
+            (Op::Admit { .. }, Reply::Lost { .. }) => Outcome::Lost,
+            (_, Reply::Done { .. }) => Outcome::Done,
+            (op, reply) => {
+                return Err(self.odd_reply(&format!("{reply:?} to {op:?}")));
+            }
+        };
+        Ok((outcome, now_ms))
+    }
+
+    fn odd_reply(&self, what: &str) -> Error {
+        Error::store(
+            format!(
+                "Redis at `{}`: the script answered {what}",
+                self.inner.shown.url
+            ),
+            None,
+        )
+    }
+
+    /// The names of `key`'s hash and queue in Redis (for tests and operators).
+    pub(crate) fn names(&self, key: &str) -> (String, String) {
+        let tag = tag(&self.inner.config.prefix, key);
+        (tag.clone(), format!("{tag}:q"))
+    }
+}
+
+/// The error for driver error `e` while doing `what`, with every secret scrubbed.
+fn fail(shown: &Shown, what: &str, e: RedisError) -> Error {
+    let text = e.to_string();
+    let message = format!("Redis at `{}`: {what}: {}", shown.url, shown.scrub(&text));
+    let source: Cause = if shown.is_clean(&text) && shown.is_clean(&format!("{e:?}")) {
+        Arc::new(e.clone())
+    } else {
+        Arc::new(Scrubbed(shown.scrub(&text).into_owned()))
+    };
+    if is_unavailable(&e) {
+        Error::unavailable(message, Some(source))
+    } else {
+        Error::store(message, Some(source))
+    }
+}
+
+/// A client for `url`, trusting `config`'s CA file when one is given.
+fn open_client(url: &str, config: &RedisConfig) -> Result<redis::Client, String> {
+    #[cfg(feature = "redis-tls")]
+    {
+        // rustls needs a process-wide crypto provider; ring is the one this crate brings. An
+        // application that installed its own keeps it.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        if let Some(path) = &config.tls_ca_file {
+            let pem = std::fs::read(path)
+                .map_err(|e| format!("could not read the CA file `{}`: {e}", path.display()))?;
+            let certificates = redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem),
+            };
+            return redis::Client::build_with_tls(url, certificates)
+                .map_err(|e| format!("invalid Redis URL or CA: {e}"));
+        }
+    }
+    #[cfg(not(feature = "redis-tls"))]
+    if config.tls_ca_file.is_some() || url.starts_with("rediss://") || url.starts_with("valkeys://")
+    {
+        return Err("TLS (rediss:// or a CA file) needs tollgate's `redis-tls` feature".to_owned());
+    }
+    redis::Client::open(url).map_err(|e| format!("invalid Redis URL: {e}"))
+}
+
+impl Store for RedisStore {
+    type Key = RedisKey;
+
+    fn bind(&self, key: &str, limits: &Limits) -> Result<RedisKey, Error> {
+        let windows = script::prepare(limits).map_err(|reason| Error::UnsupportedLimits {
+            key: key.to_owned(),
+            limits: limits.clone(),
+            reason,
+        })?;
+        let (hash, queue) = self.names(key);
+        Ok(RedisKey {
+            name: key.to_owned(),
+            hash,
+            queue,
+            limits: limits.clone(),
+            signature: limits.to_string(),
+            windows: windows.into(),
+        })
+    }
+
+    async fn apply(&self, key: &RedisKey, op: Op) -> Result<Outcome, Error> {
+        self.apply_at(key, op, None)
+            .await
+            .map(|(outcome, _)| outcome)
+    }
+
+    fn health_interval(&self) -> Option<Duration> {
+        // With fail_open, an unreachable server is not a reason for a waiter to fail.
+        (!self.inner.config.fail_open).then(|| self.inner.config.timeout / 2)
+    }
+}
+
+impl From<RedisStore> for crate::store::AnyStore {
+    fn from(store: RedisStore) -> crate::store::AnyStore {
+        crate::store::AnyStore::custom(store)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_never_collide_across_prefixes() {
+        assert_eq!(tag("app", "eu:openai"), "{3:app:eu:openai}");
+        assert_eq!(tag("app:eu", "openai"), "{6:app:eu:openai}");
+        assert_eq!(tag("p", "a}b{c%"), "{1:p:a%7Db%7Bc%25}");
+        assert_eq!(tag("{x}", "k"), "{7:%7Bx%7D:k}");
+        // A literal `%7D` in a key is not a `}`: the escape is escaped.
+        assert_ne!(tag("p", "%7D"), tag("p", "}"));
+    }
+}

@@ -1,0 +1,284 @@
+//! The Lua script's side of the bargain: windows in the script's integers, the arguments of
+//! each operation, and its replies.
+
+use redis::Value;
+
+use crate::bucket::{Available, Tokens};
+use crate::rate::{Currency, Limits, Rate};
+use crate::store::Op;
+
+pub(super) const LUA: &str = include_str!("script.lua");
+
+/// The script's capacities stay below 2^46, so that a debt of 64 bursts, any refill and any
+/// wait stay exact in its doubles (below 2^53).
+pub(super) const MAX_CAPACITY: u128 = 1 << 46;
+/// The largest integer the script's doubles hold exactly.
+const MAX_EXACT: i64 = (1 << 53) - 1;
+/// The longest pause sent to the script, in milliseconds (about 35 years).
+const MAX_PAUSE_MS: u128 = 1 << 40;
+
+/// One window as the script takes it: units of `1/scale` token, `refill` units a millisecond.
+#[derive(Debug, Clone)]
+pub(super) struct Scaled {
+    currency: Currency,
+    rate: Rate,
+    scale: u64,
+    refill: u64,
+    capacity: u64,
+}
+
+fn gcd(a: u128, b: u128) -> u128 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+fn number(currency: Currency) -> u8 {
+    match currency {
+        Currency::Requests => 1,
+        Currency::Tokens => 2,
+        Currency::OutputTokens => 3,
+    }
+}
+
+/// A window in the script's terms, or why the script can't keep it exactly.
+pub(super) fn scale(currency: Currency, rate: &Rate) -> Result<Scaled, String> {
+    // Periods are whole milliseconds.
+    let period_ms = u128::from(rate.period_nanos() / 1_000_000);
+    let amount = u128::from(rate.amount());
+    let g = gcd(amount, period_ms);
+    let scale = period_ms / g;
+    let refill = amount / g;
+    let capacity = u128::from(rate.burst()) * scale;
+    if capacity >= MAX_CAPACITY || refill >= MAX_CAPACITY {
+        return Err(format!(
+            "the {currency} window `{rate}` is outside the range the Redis script decides exactly (burst × period in ms / gcd(amount, period) must stay below 2^46 ≈ 7·10^13); use a shorter period or a smaller burst"
+        ));
+    }
+    Ok(Scaled {
+        currency,
+        rate: *rate,
+        scale: scale as u64,
+        refill: refill as u64,
+        capacity: capacity as u64,
+    })
+}
+
+/// Every window of `limits`, in the order of [`Limits::windows`].
+pub(super) fn prepare(limits: &Limits) -> Result<Vec<Scaled>, String> {
+    limits
+        .windows()
+        .map(|(currency, rate)| scale(currency, rate))
+        .collect()
+}
+
+fn exact(value: i64) -> i64 {
+    value.clamp(-MAX_EXACT, MAX_EXACT)
+}
+
+/// The script's name for `op`, and its own arguments.
+pub(super) fn op_args(op: Op) -> (&'static str, Vec<i64>) {
+    let ms_floor = |d: std::time::Duration| i64::try_from(d.as_millis()).unwrap_or(MAX_EXACT);
+    let amount = |n: u64| i64::try_from(n).unwrap_or(MAX_EXACT).min(MAX_EXACT);
+    match op {
+        Op::Acquire { cost, max_wait } => (
+            "acquire",
+            vec![
+                amount(cost.requests),
+                amount(cost.tokens),
+                amount(cost.output_tokens),
+                max_wait.map_or(-1, |d| ms_floor(d).min(MAX_EXACT)),
+            ],
+        ),
+        Op::Admit { ticket } => ("admit", vec![amount(ticket.id())]),
+        Op::Cancel { ticket } => ("cancel", vec![amount(ticket.id())]),
+        Op::Adjust {
+            requests,
+            tokens,
+            output_tokens,
+        } => (
+            "adjust",
+            vec![exact(requests), exact(tokens), exact(output_tokens)],
+        ),
+        Op::Penalize { pause } => {
+            // Whole milliseconds, rounded up: never shorter than the provider asked.
+            let ms = pause.as_nanos().div_ceil(1_000_000).min(MAX_PAUSE_MS);
+            ("penalize", vec![ms as i64])
+        }
+        Op::Lower {
+            currency,
+            remaining,
+        } => (
+            "lower",
+            vec![i64::from(number(currency)), amount(remaining)],
+        ),
+        Op::Snapshot => ("snapshot", Vec::new()),
+        Op::Ping => ("ping", Vec::new()),
+    }
+}
+
+/// Adds every window's parameters to an invocation.
+pub(super) fn window_args(invocation: &mut redis::ScriptInvocation<'_>, windows: &[Scaled]) {
+    for w in windows {
+        invocation
+            .arg(number(w.currency))
+            .arg(w.scale)
+            .arg(w.refill)
+            .arg(w.capacity);
+    }
+}
+
+/// What the script answered.
+#[derive(Debug)]
+pub(super) enum Reply {
+    Ok {
+        now_ms: u64,
+    },
+    Queued {
+        id: u64,
+        due_in_ms: u64,
+        now_ms: u64,
+    },
+    Wait {
+        millis: u64,
+        now_ms: u64,
+    },
+    Lost {
+        now_ms: u64,
+    },
+    Done {
+        now_ms: u64,
+    },
+    Conflict {
+        stored: String,
+    },
+    Levels {
+        now_ms: u64,
+        levels: Vec<i64>,
+    },
+}
+
+impl Reply {
+    pub(super) fn now_ms(&self) -> u64 {
+        match self {
+            Reply::Ok { now_ms }
+            | Reply::Queued { now_ms, .. }
+            | Reply::Wait { now_ms, .. }
+            | Reply::Lost { now_ms }
+            | Reply::Done { now_ms }
+            | Reply::Levels { now_ms, .. } => *now_ms,
+            Reply::Conflict { .. } => 0,
+        }
+    }
+}
+
+fn as_int(value: &Value) -> Option<i64> {
+    match value {
+        Value::Int(n) => Some(*n),
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
+        Value::SimpleString(text) => text.parse().ok(),
+        _ => None,
+    }
+}
+
+fn as_text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        Value::SimpleString(text) => Some(text.clone()),
+        _ => None,
+    }
+}
+
+/// The reply, or `None` for anything this version of the script can't have sent.
+pub(super) fn parse_reply(value: Value) -> Option<Reply> {
+    let Value::Array(items) = value else {
+        return None;
+    };
+    let tag = as_text(items.first()?)?;
+    let int = |i: usize| items.get(i).and_then(as_int);
+    let uint = |i: usize| int(i).and_then(|n| u64::try_from(n).ok());
+    Some(match tag.as_str() {
+        "ok" => Reply::Ok { now_ms: uint(1)? },
+        "queued" => Reply::Queued {
+            id: uint(1)?,
+            due_in_ms: uint(2)?,
+            now_ms: uint(3)?,
+        },
+        "wait" => Reply::Wait {
+            millis: uint(1)?,
+            now_ms: uint(2)?,
+        },
+        "lost" => Reply::Lost { now_ms: uint(1)? },
+        "done" => Reply::Done { now_ms: uint(1)? },
+        "conflict" => Reply::Conflict {
+            stored: as_text(items.get(1)?)?,
+        },
+        "levels" => Reply::Levels {
+            now_ms: uint(1)?,
+            levels: items.get(2..)?.iter().map(as_int).collect::<Option<_>>()?,
+        },
+        _ => return None,
+    })
+}
+
+/// The levels of a snapshot reply, window by window.
+pub(super) fn available(windows: &[Scaled], levels: &[i64]) -> Option<Vec<Available>> {
+    (levels.len() == windows.len()).then(|| {
+        windows
+            .iter()
+            .zip(levels)
+            .map(|(w, level)| {
+                Available::new(
+                    w.currency,
+                    w.rate,
+                    Tokens::from_units(i128::from(*level), w.scale),
+                )
+            })
+            .collect()
+    })
+}
+
+/// Reads back the canonical text `Limits` displays as, for a conflict message.
+pub(super) fn parse_stored_limits(text: &str) -> Option<Limits> {
+    let mut found = [""; 3];
+    for part in text.split(", ") {
+        for (i, currency) in Currency::ALL.iter().enumerate().rev() {
+            if let Some(rest) = part.strip_prefix(&format!("{currency} ")) {
+                found[i] = rest;
+                break;
+            }
+        }
+    }
+    let rates = |t: &str| crate::rate::Rates::parse_or_none(t).ok();
+    Some(Limits::new(rates(found[0])?, rates(found[1])?).with_output_tokens(rates(found[2])?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scales_are_reduced_and_bounded() {
+        let s = scale(Currency::Tokens, &"2000000/d".parse().unwrap()).unwrap();
+        assert_eq!((s.scale, s.refill, s.capacity), (216, 5, 432_000_000));
+        let s = scale(Currency::Tokens, &"5/s burst 10".parse().unwrap()).unwrap();
+        assert_eq!((s.scale, s.refill, s.capacity), (200, 1, 2_000));
+        let s = scale(Currency::Tokens, &"100000/m".parse().unwrap()).unwrap();
+        assert_eq!((s.scale, s.refill, s.capacity), (3, 5, 300_000));
+        // No common factor: a day and a burst of 800,000 is still exact.
+        assert!(scale(Currency::Tokens, &"1001/d burst 800000".parse().unwrap()).is_ok());
+        let err = scale(Currency::Tokens, &"7/d burst 1000000000".parse().unwrap()).unwrap_err();
+        assert!(err.contains("outside the range"), "{err}");
+    }
+
+    #[test]
+    fn stored_limits_read_back() {
+        for limits in [
+            Limits::parse("60/m; 1000/d", "5/s burst 10").unwrap(),
+            Limits::parse("", "5/s").unwrap(),
+            Limits::parse("50/m", "40000/m")
+                .unwrap()
+                .with_output_tokens("8000/m".parse::<Rate>().unwrap()),
+        ] {
+            assert_eq!(parse_stored_limits(&limits.to_string()), Some(limits));
+        }
+    }
+}

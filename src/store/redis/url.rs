@@ -1,0 +1,191 @@
+//! Showing a Redis URL without its secrets.
+//!
+//! The URL is read the way redis-rs reads it (through its own parser), and rebuilt from the
+//! parts that are not secret: scheme, user, host, port, path, and the values of `db`,
+//! `protocol` and `user` in the query. A password, in the userinfo or in any other query value
+//! (`pass=` and `password=` on a Unix socket), becomes `***`. A URL that does not parse shows
+//! nothing past its scheme, since there is no telling where a secret in it might be. Every
+//! message that might echo the URL (a driver's error) is scrubbed of each secret, raw and
+//! percent-decoded.
+
+use std::borrow::Cow;
+
+/// A URL as it may be shown, and the secrets to scrub from anything that may echo it.
+#[derive(Debug, Clone)]
+pub(crate) struct Shown {
+    pub(crate) url: String,
+    secrets: Vec<String>,
+}
+
+/// Query parameters whose values are not secret.
+const PLAIN_PARAMETERS: [&str; 3] = ["db", "protocol", "user"];
+
+fn decoded(text: &str) -> String {
+    // Percent-decoding by hand: `%XX` pairs, the rest as is; what isn't UTF-8 is kept raw.
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2]))
+        {
+            out.push((h * 16 + l) as u8);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8(out).unwrap_or_else(|_| text.to_owned())
+}
+
+impl Shown {
+    pub(crate) fn new(raw: &str) -> Shown {
+        let scheme = raw.split_once("://").map(|(s, _)| s);
+        let Some(url) = redis::parse_redis_url(raw) else {
+            // Unreadable: nothing past the scheme is shown, and the whole text is a secret.
+            let shown = match scheme {
+                Some(scheme)
+                    if scheme
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '+') =>
+                {
+                    format!("{scheme}://(a URL that does not parse; not shown)")
+                }
+                _ => "(a URL that does not parse; not shown)".to_owned(),
+            };
+            let mut secrets = vec![raw.to_owned()];
+            if let Some((_, rest)) = raw.split_once("://") {
+                secrets.push(rest.to_owned());
+                secrets.extend(
+                    rest.split(['@', '/', '?', '#', ':', '&', '='])
+                        .filter(|part| part.len() >= 3)
+                        .map(str::to_owned),
+                );
+            }
+            return Shown::scrubbing(shown, secrets);
+        };
+        let mut secrets = Vec::new();
+        let mut shown = format!("{}://", url.scheme());
+        if !url.username().is_empty() || url.password().is_some() {
+            shown.push_str(url.username());
+            if let Some(password) = url.password() {
+                shown.push_str(":***");
+                secrets.push(password.to_owned());
+            }
+            shown.push('@');
+        }
+        if let Some(host) = url.host_str() {
+            shown.push_str(host);
+        }
+        if let Some(port) = url.port() {
+            shown.push_str(&format!(":{port}"));
+        }
+        shown.push_str(url.path());
+        let mut first = true;
+        for (name, value) in url.query_pairs() {
+            shown.push(if first { '?' } else { '&' });
+            first = false;
+            shown.push_str(&name);
+            shown.push('=');
+            if PLAIN_PARAMETERS.contains(&name.as_ref()) {
+                shown.push_str(&value);
+            } else {
+                shown.push_str("***");
+                secrets.push(value.into_owned());
+            }
+        }
+        if let Some(query) = url.query() {
+            // The raw, still percent-encoded, forms of the values too.
+            secrets.extend(
+                query
+                    .split('&')
+                    .filter_map(|pair| pair.split_once('='))
+                    .filter(|(name, _)| !PLAIN_PARAMETERS.contains(name))
+                    .map(|(_, value)| value.to_owned()),
+            );
+        }
+        if let Some(fragment) = url.fragment() {
+            shown.push('#');
+            shown.push_str(fragment);
+        }
+        Shown::scrubbing(shown, secrets)
+    }
+
+    fn scrubbing(url: String, secrets: Vec<String>) -> Shown {
+        let mut all: Vec<String> = Vec::new();
+        for secret in secrets {
+            let plain = decoded(&secret);
+            for s in [secret, plain] {
+                if !s.is_empty() && !all.contains(&s) {
+                    all.push(s);
+                }
+            }
+        }
+        // Longest first, so that a secret containing another is removed whole.
+        all.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        Shown { url, secrets: all }
+    }
+
+    /// `text` with every secret replaced by `***`.
+    pub(crate) fn scrub<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        if !self.secrets.iter().any(|s| text.contains(s.as_str())) {
+            return Cow::Borrowed(text);
+        }
+        let mut out = text.to_owned();
+        for secret in &self.secrets {
+            out = out.replace(secret.as_str(), "***");
+        }
+        Cow::Owned(out)
+    }
+
+    /// True when `text` holds no secret.
+    pub(crate) fn is_clean(&self, text: &str) -> bool {
+        !self.secrets.iter().any(|s| text.contains(s.as_str()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_masked_in_every_form() {
+        for (raw, shown) in [
+            (
+                "redis://:hunter2@localhost:6379/0",
+                "redis://:***@localhost:6379/0",
+            ),
+            ("rediss://alice:s3cr%40t@host", "rediss://alice:***@host"),
+            ("redis://localhost:6379", "redis://localhost:6379"),
+            (
+                "redis+unix:///path/r.sock?db=2&pass=secret",
+                "redis+unix:///path/r.sock?db=2&pass=***",
+            ),
+            (
+                "unix:///path/r.sock?password=secret&user=bob",
+                "unix:///path/r.sock?password=***&user=bob",
+            ),
+            (
+                "valkey://u:pw@10.0.0.1:7000",
+                "valkey://u:***@10.0.0.1:7000",
+            ),
+            (
+                "redis://:s3cret/pw@host",
+                "redis://(a URL that does not parse; not shown)",
+            ),
+        ] {
+            let s = Shown::new(raw);
+            assert_eq!(s.url, shown, "{raw}");
+            for secret in ["hunter2", "s3cr%40t", "s3cr@t", "secret", "pw", "s3cret/pw"] {
+                if raw.contains(secret) {
+                    assert!(!s.scrub(raw).contains(secret), "{raw}: {}", s.scrub(raw));
+                }
+            }
+        }
+        assert_eq!(decoded("s3cr%40t"), "s3cr@t");
+        assert_eq!(decoded("100%"), "100%");
+    }
+}
