@@ -3,8 +3,8 @@
 //! Every answer from the store is a sign of life; every "unavailable" is published to every
 //! call sleeping on the limiter, which then fails at once instead of learning it one by one at
 //! its own turn. While calls sleep and nothing else talks to the store, a watchdog asks it
-//! every [`Store::health_interval`], so that a server that died or stopped is noticed within
-//! about one store timeout even when nobody is due.
+//! once nothing has answered for two [`Store::health_interval`]s, so that a server that died or
+//! stopped is noticed within about one store timeout even when nobody is due.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -106,7 +106,9 @@ impl<S: Store> Limiter<S> {
                         return;
                     }
                 }
-                if health.heard_within(interval) {
+                // Quiet for two ticks: ask. A server that died or stopped is then noticed within
+                // three ticks and one store timeout.
+                if health.heard_within(2 * interval) {
                     continue;
                 }
                 let result = inner.store.apply(&inner.bound, Op::Ping).await;

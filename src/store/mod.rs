@@ -146,8 +146,9 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
-    /// How often a call waiting on this store should check that it still answers, so that
-    /// every waiter learns of a failure soon (remote stores); `None` when it can't fail.
+    /// How often a limiter whose calls wait on this store looks at whether it still answers:
+    /// after two of these without an answer it asks, so that every waiter learns of a failure
+    /// soon (remote stores). `None` when the store can't fail.
     fn health_interval(&self) -> Option<Duration> {
         None
     }

@@ -111,8 +111,33 @@ impl RedisServer {
     /// Kills the server at once, without letting it save or say goodbye.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
+            // A stopped process can't die until it runs again.
+            let _ = Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .status();
             let _ = child.kill();
             let _ = child.wait();
+        }
+    }
+
+    /// Stops the server without killing it (SIGSTOP): it holds its connections open and
+    /// answers nothing until [`resume`](Self::resume).
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a paused server run again (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            let status = Command::new("kill")
+                .args([signal, &child.id().to_string()])
+                .status()
+                .expect("kill runs");
+            assert!(status.success(), "kill {signal} failed");
         }
     }
 

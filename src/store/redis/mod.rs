@@ -278,8 +278,20 @@ impl RedisStore {
 
     /// A store that connects on first use (and reconnects by itself after failures): for
     /// programs that start before their Redis does.
+    ///
+    /// Must be called inside a tokio runtime, where the connection's background task runs;
+    /// outside one it is an error (not a panic).
     pub fn lazy(url: &str, config: RedisConfig) -> Result<RedisStore, Error> {
         let shown = Shown::new(url);
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::store(
+                format!(
+                    "Redis at `{}`: a RedisStore needs a tokio runtime; make it inside one",
+                    shown.url
+                ),
+                None,
+            ));
+        }
         let client = open_client(url, &config).map_err(|reason| {
             Error::store(
                 format!("Redis at `{}`: {}", shown.url, shown.scrub(&reason)),
@@ -516,7 +528,9 @@ impl Store for RedisStore {
 
     fn health_interval(&self) -> Option<Duration> {
         // With fail_open, an unreachable server is not a reason for a waiter to fail.
-        (!self.inner.config.fail_open).then(|| self.inner.config.timeout / 2)
+        // Quiet for half a timeout, the store is asked: a failure is known within
+        // three quarters of a timeout plus the timeout of that question.
+        (!self.inner.config.fail_open).then(|| self.inner.config.timeout / 4)
     }
 }
 

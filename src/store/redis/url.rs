@@ -19,6 +19,8 @@ pub(crate) struct Shown {
 
 /// Query parameters whose values are not secret.
 const PLAIN_PARAMETERS: [&str; 3] = ["db", "protocol", "user"];
+/// Query parameters whose values are: shown by name only.
+const SECRET_PARAMETERS: [&str; 2] = ["pass", "password"];
 
 fn decoded(text: &str) -> String {
     // Percent-decoding by hand: `%XX` pairs, the rest as is; what isn't UTF-8 is kept raw.
@@ -56,30 +58,47 @@ impl Shown {
                 }
                 _ => "(a URL that does not parse; not shown)".to_owned(),
             };
-            let mut secrets = vec![raw.to_owned()];
-            if let Some((_, rest)) = raw.split_once("://") {
-                secrets.push(rest.to_owned());
-                secrets.extend(
-                    rest.split(['@', '/', '?', '#', ':', '&', '='])
-                        .filter(|part| part.len() >= 3)
-                        .map(str::to_owned),
-                );
-            }
-            return Shown::scrubbing(shown, secrets);
+            return Shown::scrubbing(shown, Shown::pieces(raw));
         };
+        let unix = matches!(url.scheme(), "unix" | "redis+unix" | "valkey+unix");
+        let host = url.host_str().unwrap_or("");
+        // Where a password could have been misplaced (a TCP URL without a host, a path that is
+        // not a database number, a Unix path with `@` or `:` in it), the URL shows nothing.
+        let path_shown = if unix {
+            !url.path().contains(['@', ':'])
+        } else {
+            url.path()
+                .strip_prefix('/')
+                .unwrap_or(url.path())
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        };
+        if (!unix && host.is_empty()) || !path_shown {
+            return Shown::scrubbing(
+                format!(
+                    "{}://(a URL that does not read as one; not shown)",
+                    url.scheme()
+                ),
+                Shown::pieces(raw),
+            );
+        }
         let mut secrets = Vec::new();
         let mut shown = format!("{}://", url.scheme());
-        if !url.username().is_empty() || url.password().is_some() {
-            shown.push_str(url.username());
-            if let Some(password) = url.password() {
-                shown.push_str(":***");
+        match (url.username(), url.password()) {
+            ("", None) => {}
+            // A user and a password, told apart by the colon: the user is shown.
+            (user, Some(password)) => {
+                shown.push_str(user);
+                shown.push_str(":***@");
                 secrets.push(password.to_owned());
             }
-            shown.push('@');
+            // A user alone may be a password written in the wrong place: neither is shown.
+            (user, None) => {
+                shown.push_str("***@");
+                secrets.push(user.to_owned());
+            }
         }
-        if let Some(host) = url.host_str() {
-            shown.push_str(host);
-        }
+        shown.push_str(host);
         if let Some(port) = url.port() {
             shown.push_str(&format!(":{port}"));
         }
@@ -88,30 +107,49 @@ impl Shown {
         for (name, value) in url.query_pairs() {
             shown.push(if first { '?' } else { '&' });
             first = false;
-            shown.push_str(&name);
-            shown.push('=');
             if PLAIN_PARAMETERS.contains(&name.as_ref()) {
-                shown.push_str(&value);
+                shown.push_str(&format!("{name}={value}"));
+            } else if SECRET_PARAMETERS.contains(&name.as_ref()) {
+                shown.push_str(&format!("{name}=***"));
+                secrets.push(value.into_owned());
             } else {
+                // A name nobody reads may be a piece of a password with `&` or `=` in it.
                 shown.push_str("***");
+                secrets.push(name.into_owned());
                 secrets.push(value.into_owned());
             }
         }
         if let Some(query) = url.query() {
             // The raw, still percent-encoded, forms of the values too.
-            secrets.extend(
-                query
-                    .split('&')
-                    .filter_map(|pair| pair.split_once('='))
-                    .filter(|(name, _)| !PLAIN_PARAMETERS.contains(name))
-                    .map(|(_, value)| value.to_owned()),
-            );
+            for pair in query.split('&') {
+                let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+                if !PLAIN_PARAMETERS.contains(&name) {
+                    secrets.push(value.to_owned());
+                    if !SECRET_PARAMETERS.contains(&name) {
+                        secrets.push(name.to_owned());
+                    }
+                }
+            }
         }
         if let Some(fragment) = url.fragment() {
             shown.push('#');
             shown.push_str(fragment);
         }
         Shown::scrubbing(shown, secrets)
+    }
+
+    /// For a URL that can't be read: the whole text, what follows the scheme, and every piece
+    /// between delimiters, since any of them could be the password.
+    fn pieces(raw: &str) -> Vec<String> {
+        let mut secrets = vec![raw.to_owned()];
+        let rest = raw.split_once("://").map_or(raw, |(_, rest)| rest);
+        secrets.push(rest.to_owned());
+        secrets.extend(
+            rest.split(['@', '/', '?', '#', ':', '&', '='])
+                .filter(|part| part.len() >= 3)
+                .map(str::to_owned),
+        );
+        secrets
     }
 
     fn scrubbing(url: String, secrets: Vec<String>) -> Shown {
