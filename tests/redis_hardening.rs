@@ -481,7 +481,7 @@ proptest! {
             4 => format!("unix:///run/r.sock?db=2&password={password}"),
             5 => format!("valkey://:{password}@h"),
             6 => format!("redis://:{password}"),
-            _ => format!("{password}"),
+            _ => password.clone(),
         };
         let rt = runtime();
         let _entered = rt.enter();
