@@ -182,6 +182,9 @@ impl State {
         }
         self.limiters.retain(|_, weak| !weak.is_dead());
         self.sweep_at = (self.limiters.len() * 2).max(MIN_SWEEP);
+        if self.limiters.capacity() > 4 * self.sweep_at {
+            self.limiters.shrink_to(self.sweep_at);
+        }
     }
 }
 

@@ -59,7 +59,12 @@ impl Estimate {
     }
 }
 
-/// A `Serialize` implementation that failed while its text was being read.
+/// How deep arguments may nest (a list in a map in a list ...). Deeper values are refused with
+/// an error rather than walked, so that no input can overflow the stack.
+pub const MAX_DEPTH: usize = 128;
+
+/// A `Serialize` implementation that failed while its text was being read, or a value nested
+/// deeper than [`MAX_DEPTH`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("could not read the text of the arguments: {0}")]
 pub struct ExtractError(String);
@@ -121,6 +126,7 @@ where
     let tokens = value.serialize(Walker {
         counter: &mut counter,
         ctx: Ctx::Root,
+        depth: 0,
     })?;
     Ok(Estimate {
         input_tokens: tokens.total,
@@ -233,6 +239,8 @@ fn classify(key: &str) -> Key {
 struct Walker<'c, 'e, E: ?Sized> {
     counter: &'c mut Counter<'e, E>,
     ctx: Ctx,
+    /// How many maps and lists enclose this value.
+    depth: usize,
 }
 
 impl<'c, 'e, E: Estimator + ?Sized> Walker<'c, 'e, E> {
@@ -247,10 +255,27 @@ impl<'c, 'e, E: Estimator + ?Sized> Walker<'c, 'e, E> {
         Ok(Found::tokens(u64::from(self.ctx == Ctx::Input)))
     }
 
-    fn map(self) -> MapWalker<'c, 'e, E> {
-        MapWalker {
+    fn nested(&self) -> Result<usize, ExtractError> {
+        if self.depth >= MAX_DEPTH {
+            return Err(ExtractError(format!(
+                "the arguments nest deeper than {MAX_DEPTH} levels"
+            )));
+        }
+        Ok(self.depth + 1)
+    }
+
+    /// The same walker one level deeper (an `Option`, a newtype), refused past the bound.
+    fn inside(self) -> Result<Walker<'c, 'e, E>, ExtractError> {
+        let depth = self.nested()?;
+        Ok(Walker { depth, ..self })
+    }
+
+    fn map(self) -> Result<MapWalker<'c, 'e, E>, ExtractError> {
+        let depth = self.nested()?;
+        Ok(MapWalker {
             counter: self.counter,
             ctx: self.ctx,
+            depth,
             key: Key::Other,
             role_seen: false,
             name_seen: false,
@@ -258,20 +283,22 @@ impl<'c, 'e, E: Estimator + ?Sized> Walker<'c, 'e, E> {
             other: 0,
             billed: 0,
             request: false,
-        }
+        })
     }
 
-    fn seq(self) -> SeqWalker<'c, 'e, E> {
+    fn seq(self) -> Result<SeqWalker<'c, 'e, E>, ExtractError> {
+        let depth = self.nested()?;
         let ctx = match self.ctx {
             Ctx::Root => Ctx::Any,
             other => other,
         };
-        SeqWalker {
+        Ok(SeqWalker {
             counter: self.counter,
             ctx,
+            depth,
             total: 0,
             messages: false,
-        }
+        })
     }
 }
 
@@ -280,6 +307,7 @@ impl<'c, 'e, E: Estimator + ?Sized> Walker<'c, 'e, E> {
 struct MapWalker<'c, 'e, E: ?Sized> {
     counter: &'c mut Counter<'e, E>,
     ctx: Ctx,
+    depth: usize,
     key: Key,
     role_seen: bool,
     name_seen: bool,
@@ -357,6 +385,7 @@ impl<E: Estimator + ?Sized> MapWalker<'_, '_, E> {
         value.serialize(Walker {
             counter: self.counter,
             ctx,
+            depth: self.depth,
         })
     }
 
@@ -380,6 +409,7 @@ impl<E: Estimator + ?Sized> MapWalker<'_, '_, E> {
 struct SeqWalker<'c, 'e, E: ?Sized> {
     counter: &'c mut Counter<'e, E>,
     ctx: Ctx,
+    depth: usize,
     total: u64,
     messages: bool,
 }
@@ -389,6 +419,7 @@ impl<E: Estimator + ?Sized> SeqWalker<'_, '_, E> {
         let found = value.serialize(Walker {
             counter: self.counter,
             ctx: self.ctx,
+            depth: self.depth,
         })?;
         self.total += found.total;
         self.messages |= found.message;
@@ -449,7 +480,7 @@ impl<'c, 'e, E: Estimator + ?Sized> ser::Serializer for Walker<'c, 'e, E> {
     }
 
     fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Result<Found, ExtractError> {
-        value.serialize(self)
+        value.serialize(self.inside()?)
     }
 
     fn serialize_unit(self) -> Result<Found, ExtractError> {
@@ -474,7 +505,7 @@ impl<'c, 'e, E: Estimator + ?Sized> ser::Serializer for Walker<'c, 'e, E> {
         _: &'static str,
         value: &T,
     ) -> Result<Found, ExtractError> {
-        value.serialize(self)
+        value.serialize(self.inside()?)
     }
 
     fn serialize_newtype_variant<T: Serialize + ?Sized>(
@@ -484,15 +515,15 @@ impl<'c, 'e, E: Estimator + ?Sized> ser::Serializer for Walker<'c, 'e, E> {
         _: &'static str,
         value: &T,
     ) -> Result<Found, ExtractError> {
-        value.serialize(self)
+        value.serialize(self.inside()?)
     }
 
     fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, ExtractError> {
-        Ok(self.seq())
+        self.seq()
     }
 
     fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, ExtractError> {
-        Ok(self.seq())
+        self.seq()
     }
 
     fn serialize_tuple_struct(
@@ -500,7 +531,7 @@ impl<'c, 'e, E: Estimator + ?Sized> ser::Serializer for Walker<'c, 'e, E> {
         _: &'static str,
         _: usize,
     ) -> Result<Self::SerializeTupleStruct, ExtractError> {
-        Ok(self.seq())
+        self.seq()
     }
 
     fn serialize_tuple_variant(
@@ -510,11 +541,11 @@ impl<'c, 'e, E: Estimator + ?Sized> ser::Serializer for Walker<'c, 'e, E> {
         _: &'static str,
         _: usize,
     ) -> Result<Self::SerializeTupleVariant, ExtractError> {
-        Ok(self.seq())
+        self.seq()
     }
 
     fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, ExtractError> {
-        Ok(self.map())
+        self.map()
     }
 
     fn serialize_struct(
@@ -522,7 +553,7 @@ impl<'c, 'e, E: Estimator + ?Sized> ser::Serializer for Walker<'c, 'e, E> {
         _: &'static str,
         _: usize,
     ) -> Result<Self::SerializeStruct, ExtractError> {
-        Ok(self.map())
+        self.map()
     }
 
     fn serialize_struct_variant(
@@ -532,7 +563,7 @@ impl<'c, 'e, E: Estimator + ?Sized> ser::Serializer for Walker<'c, 'e, E> {
         _: &'static str,
         _: usize,
     ) -> Result<Self::SerializeStructVariant, ExtractError> {
-        Ok(self.map())
+        self.map()
     }
 
     fn collect_str<T: fmt::Display + ?Sized>(self, value: &T) -> Result<Found, ExtractError> {

@@ -9,11 +9,18 @@ use tokenizers::Tokenizer;
 
 use crate::{Estimator, EstimatorError};
 
-/// Texts longer than this are counted in pieces of about [`PIECE`] bytes, cut before a single
-/// space between two non-space characters, so that the encoder's buffers stay a small multiple
-/// of a piece rather than of the whole text.
+/// Texts up to this are encoded whole: exact.
 const CHUNK_ABOVE: usize = 1 << 20;
-const PIECE: usize = 256 << 10;
+/// Longer texts are counted in pieces of [`PIECE`] to `2 × PIECE` bytes, so that the encoder's
+/// buffers stay a small multiple of a piece rather than of the whole text, and identical pieces
+/// (a long run of one character) are counted once.
+const PIECE: usize = 64 << 10;
+/// A piece is cut before a single space between two non-space characters, where byte-level and
+/// whitespace pre-tokenizers split anyway, so the cut changes nothing. Where no such space
+/// comes within `2 × PIECE` bytes (text with no spaces), the cut falls inside a word, which can
+/// lower the count by a token or two (a merge the cut prevents); each such cut adds this
+/// many, so that the estimate errs high, never low.
+const FORCED_CUT_MARGIN: usize = 4;
 
 /// Tokenizers by canonical path, loaded once per process.
 static FILES: LazyLock<Mutex<HashMap<PathBuf, Arc<Tokenizer>>>> =
@@ -98,28 +105,63 @@ impl HuggingFace {
     }
 }
 
-/// Cuts `text` into pieces of about `PIECE` bytes, each cut before a lone space between two
-/// non-space characters, where byte-level and whitespace pre-tokenizers split anyway.
-fn pieces(text: &str) -> impl Iterator<Item = &str> {
+/// What a character is, for finding a cut between two kinds (where pre-tokenizers split).
+fn kind(c: char) -> u8 {
+    if c.is_alphabetic() {
+        0
+    } else if c.is_numeric() {
+        1
+    } else if c.is_whitespace() {
+        2
+    } else {
+        3
+    }
+}
+
+/// The largest char boundary at or below `at`.
+fn boundary_below(text: &str, mut at: usize) -> usize {
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    at
+}
+
+/// Cuts `text` into pieces of `PIECE` to `2 × PIECE` bytes, each answered with whether its
+/// cut was forced inside a word.
+fn pieces(text: &str) -> impl Iterator<Item = (&str, bool)> {
     let mut rest = text;
     std::iter::from_fn(move || {
         if rest.is_empty() {
             return None;
         }
-        if rest.len() <= PIECE {
-            return Some(std::mem::take(&mut rest));
+        if rest.len() <= 2 * PIECE {
+            return Some((std::mem::take(&mut rest), false));
         }
         let bytes = rest.as_bytes();
-        let cut = (PIECE..bytes.len().saturating_sub(1))
-            .find(|&i| {
-                bytes[i] == b' '
-                    && !bytes[i - 1].is_ascii_whitespace()
-                    && !bytes[i + 1].is_ascii_whitespace()
-            })
-            .unwrap_or(rest.len());
+        let lone_space = (PIECE..2 * PIECE).find(|&i| {
+            bytes[i] == b' '
+                && !bytes[i - 1].is_ascii_whitespace()
+                && !bytes[i + 1].is_ascii_whitespace()
+        });
+        let (cut, forced) = match lone_space {
+            Some(cut) => (cut, false),
+            None => {
+                // Prefer a change of kind (letter to digit, word to punctuation) in the last
+                // few kilobytes, where a pre-tokenizer would cut too; else any character.
+                let end = boundary_below(rest, 2 * PIECE);
+                let window = boundary_below(rest, end - 4096);
+                let change = rest[window..end]
+                    .char_indices()
+                    .zip(rest[window..end].chars().skip(1))
+                    .filter(|((_, a), b)| kind(*a) != kind(*b))
+                    .map(|((i, a), _)| window + i + a.len_utf8())
+                    .last();
+                (change.unwrap_or(end), true)
+            }
+        };
         let (piece, tail) = rest.split_at(cut);
         rest = tail;
-        Some(piece)
+        Some((piece, forced))
     })
 }
 
@@ -132,6 +174,17 @@ impl Estimator for HuggingFace {
         if text.len() <= CHUNK_ABOVE {
             return self.count_piece(text);
         }
-        pieces(text).map(|piece| self.count_piece(piece)).sum()
+        // A piece seen before in this text is not counted again: a run of one character cut
+        // into equal pieces costs one encoding and a hash per piece.
+        let mut seen: HashMap<&str, usize> = HashMap::new();
+        pieces(text)
+            .map(|(piece, forced)| {
+                let count = match seen.get(piece) {
+                    Some(count) => *count,
+                    None => *seen.entry(piece).or_insert_with(|| self.count_piece(piece)),
+                };
+                count + if forced { FORCED_CUT_MARGIN } else { 0 }
+            })
+            .sum()
     }
 }

@@ -6,7 +6,7 @@ mod common;
 use serde::Serialize;
 use serde_json::json;
 use tiktoken_rs::{ChatCompletionRequestMessage, num_tokens_from_messages};
-use tollgate_estimators::{Estimate, Estimator, Words, estimate, estimator};
+use tollgate_estimators::{Estimate, Estimator, Words, estimate, estimator, tally};
 
 fn openai() -> std::sync::Arc<dyn Estimator> {
     estimator("openai").unwrap()
@@ -321,4 +321,64 @@ fn a_failing_serialize_is_an_error_not_a_panic() {
         err.to_string(),
         "could not read the text of the arguments: this value refuses to serialize"
     );
+}
+
+/// A value nested `depth` lists deep, built without recursion.
+fn nested_lists(depth: usize) -> serde_json::Value {
+    let mut value = serde_json::json!("deep text");
+    for _ in 0..depth {
+        value = serde_json::Value::Array(vec![value]);
+    }
+    value
+}
+
+/// Takes a nested value apart without recursion (serde_json's own drop recurses).
+fn flatten(mut value: serde_json::Value) {
+    let mut stack = Vec::new();
+    loop {
+        match value {
+            serde_json::Value::Array(items) => stack.extend(items),
+            serde_json::Value::Object(map) => stack.extend(map.into_iter().map(|(_, v)| v)),
+            _ => {}
+        }
+        match stack.pop() {
+            Some(next) => value = next,
+            None => return,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Nest(Option<Box<Nest>>);
+
+#[test]
+fn deep_nesting_is_an_error_not_a_stack_overflow() {
+    // On a thread with a small stack, so that unbounded recursion would overflow it.
+    std::thread::Builder::new()
+        .stack_size(256 << 10)
+        .spawn(|| {
+            let shallow = nested_lists(100);
+            assert_eq!(tally(&Words, &shallow).unwrap().input_tokens, 2);
+            flatten(shallow);
+            for depth in [129, 3_000, 100_000] {
+                let deep = nested_lists(depth);
+                let err = tally(&Words, &deep).unwrap_err();
+                assert!(err.to_string().contains("deeper than 128"), "{err}");
+                flatten(deep);
+            }
+            // Options and newtypes count as levels too.
+            let mut nest = Nest(None);
+            for _ in 0..10_000 {
+                nest = Nest(Some(Box::new(nest)));
+            }
+            assert!(tally(&Words, &nest).is_err());
+            let mut nest = Some(nest);
+            // Taken apart by hand, for the same reason as the lists.
+            while let Some(Nest(inner)) = nest {
+                nest = inner.map(|b| *b);
+            }
+        })
+        .unwrap()
+        .join()
+        .unwrap();
 }

@@ -165,3 +165,49 @@ fn a_fallback_warns_once() {
     });
     assert_eq!(warnings.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
+
+/// A deterministic text of `len` bytes or a little more, drawn from `alphabet`, without
+/// spaces: the input that makes one pre-tokenized piece of everything.
+fn without_spaces(alphabet: &[char], len: usize, seed: u64) -> String {
+    let mut state = seed;
+    let mut text = String::with_capacity(len + 4);
+    while text.len() < len {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        text.push(alphabet[((state >> 33) % alphabet.len() as u64) as usize]);
+    }
+    text
+}
+
+#[test]
+fn cutting_a_long_text_without_spaces_never_undercounts() {
+    let alphabets: [&[char]; 3] = [
+        &[
+            'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 'i', 'j', 'k', 'l', 'm', 'n', 'o', 'p',
+        ],
+        &['0', '1', '2', '3', '4', '5', '6', '7', '8', '9'],
+        &['速', '率', '限', '制', 'x', '1', '.', '-'],
+    ];
+    for model in ["gpt-4o", "qwen3", "all-MiniLM-L6-v2"] {
+        let Some(path) = common::fixture(model) else {
+            return;
+        };
+        let hf = HuggingFace::from_file(&path).unwrap();
+        for (i, alphabet) in alphabets.iter().enumerate() {
+            // Just past the size above which texts are cut: several forced cuts.
+            let text = without_spaces(alphabet, 1_200_000, i as u64 + 7);
+            let exact = hf.tokens(&text).len();
+            let counted = hf.count(&text);
+            assert!(
+                counted >= exact,
+                "{model}, alphabet {i}: counted {counted}, exact {exact}"
+            );
+            // Erring high by a few tokens a piece, not more.
+            assert!(
+                counted <= exact + exact / 50 + 200,
+                "{model}, alphabet {i}: counted {counted}, exact {exact}"
+            );
+        }
+    }
+}

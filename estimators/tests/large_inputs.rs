@@ -103,19 +103,29 @@ fn large_inputs_stay_linear_in_memory_and_time() {
     }
     drop(text);
 
-    // 10 MB without whitespace: one pre-tokenized piece. Quadratic work on it would take
-    // hours; the limit is generous for a slow debug build but far below that.
+    // 50 MB of one character: one pre-tokenized piece. Quadratic work on it would take hours,
+    // and encoding it whole takes gigabytes; the time limit is generous for a slow debug build
+    // but far below that, and the memory stays a small multiple of the text.
+    let text = "a".repeat(50 << 20);
+    let text = std::sync::Arc::new(text);
     for est in estimators {
         let name = est.name().to_owned();
+        let text = std::sync::Arc::clone(&text);
+        let base = CURRENT.load(Ordering::SeqCst);
+        PEAK.store(base, Ordering::SeqCst);
         let tokens = within(Duration::from_secs(240), &name, move || {
             let started = Instant::now();
-            let tokens = est.count(&"a".repeat(10 << 20));
+            let tokens = est.count(&text);
             (tokens, started.elapsed())
         });
+        let extra = PEAK.load(Ordering::SeqCst) - base;
         eprintln!(
-            "{name}: 10 MB without whitespace: {} tokens in {:?}",
-            tokens.0, tokens.1
+            "{name}: 50 MB without whitespace: {} tokens in {:?}, peak extra memory {} MB",
+            tokens.0,
+            tokens.1,
+            extra >> 20
         );
         assert!(tokens.0 > 0);
+        assert!(extra <= 500 << 20, "{name}: {} MB extra", extra >> 20);
     }
 }

@@ -235,6 +235,10 @@ impl Shard {
         }
         self.entries.retain(|_, entry| !entry.forgettable(now));
         self.sweep_at = (self.entries.len() * 2).max(MIN_SWEEP);
+        // After a wave of keys has gone, give the room back too.
+        if self.entries.capacity() > 4 * self.sweep_at {
+            self.entries.shrink_to(self.sweep_at);
+        }
     }
 }
 

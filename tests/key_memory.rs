@@ -1,0 +1,87 @@
+//! What a key costs while it is remembered: the registry keeps only limiters someone holds, and
+//! the store keeps a key's state only while it says something, at most 256 bytes of it. One
+//! test in the file: the allocation count is process-wide.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::time::Duration;
+
+use tollgate::{Cost, Limits, MemoryStore, Registry};
+
+struct Counting;
+
+static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::SeqCst);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE_BYTES.fetch_sub(layout.size() as isize, Ordering::SeqCst);
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+const KEYS: usize = 100_000;
+
+#[tokio::test(start_paused = true)]
+async fn a_remembered_key_costs_at_most_256_bytes_and_nothing_once_it_is_full() {
+    let store = MemoryStore::new();
+    let registry = Registry::new(store.clone());
+    // Warm up what every key shares (the limits, the maps' first allocations).
+    let daily = Limits::parse("1000/d", "").unwrap();
+    let names: Vec<String> = (0..KEYS).map(|i| format!("tenant-{i:06}")).collect();
+    let before = LIVE_BYTES.load(Ordering::SeqCst);
+    for name in &names {
+        let limiter = registry.limiter(name, &daily).unwrap();
+        assert!(
+            limiter
+                .try_acquire(Cost::call(0))
+                .await
+                .unwrap()
+                .is_admitted()
+        );
+    }
+    // Nobody holds a limiter: the registry remembers none of them.
+    assert_eq!(registry.len(), 0);
+    registry.sweep();
+    // Every key's window is below capacity for a day: the store remembers each one.
+    assert_eq!(store.len(), KEYS);
+    let per_key = (LIVE_BYTES.load(Ordering::SeqCst) - before) / KEYS as isize;
+    println!("{KEYS} keys on 1000/d: {per_key} bytes per remembered key");
+    assert!(per_key <= 256, "{per_key} bytes per remembered key");
+
+    // A day later every window is full again, and the store forgets them all.
+    tokio::time::advance(Duration::from_secs(86_400)).await;
+    store.sweep();
+    assert_eq!(store.len(), 0);
+    // What remains is the maps' minimum room (16 shards of 1,024), not anything per key.
+    let left = LIVE_BYTES.load(Ordering::SeqCst) - before;
+    assert!(
+        left <= 1 << 20,
+        "{left} bytes remain after every key was forgotten"
+    );
+
+    // Keys that refill within a moment (500/m: 120 ms for one request) never pile up.
+    let minute = Limits::parse("500/m", "").unwrap();
+    let mut peak = 0;
+    for (i, name) in names.iter().enumerate() {
+        let limiter = registry.limiter(name, &minute).unwrap();
+        assert!(
+            limiter
+                .try_acquire(Cost::call(0))
+                .await
+                .unwrap()
+                .is_admitted()
+        );
+        if i % 1_000 == 999 {
+            tokio::time::advance(Duration::from_millis(120)).await;
+            peak = peak.max(store.len());
+        }
+    }
+    assert!(peak <= 1_000, "{peak} keys remembered at once");
+}
