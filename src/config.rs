@@ -11,6 +11,7 @@
 //! requests = "50/m"
 //! tokens = "40000/m; 1000000/d"
 //! tokens_burst = 20000    # the burst of every token window, instead of writing `burst` in each
+//! output_tokens = "8000/m"  # output tokens limited apart, as Anthropic does
 //!
 //! [keys."voyage-embed"]
 //! tokens = "1000000/m"
@@ -61,13 +62,19 @@ pub struct Config {
     keys: HashMap<String, KeyConfig>,
 }
 
+/// The field names of each currency's windows and of their burst, in [`crate::Currency::ALL`] order.
+const RATE_FIELDS: [(&str, &str); 3] = [
+    ("requests", "requests_burst"),
+    ("tokens", "tokens_burst"),
+    ("output_tokens", "output_tokens_burst"),
+];
+
 /// One section as written, before the defaults are merged in.
 #[derive(Debug, Default, Clone)]
 struct Section {
-    requests: Option<Rates>,
-    tokens: Option<Rates>,
-    requests_burst: Option<u64>,
-    tokens_burst: Option<u64>,
+    /// Each currency's windows and burst, in [`crate::Currency::ALL`] order.
+    rates: [Option<Rates>; 3],
+    bursts: [Option<u64>; 3],
     estimator: Option<String>,
     timeout: Option<Option<Duration>>,
     /// A field here was refused (and reported): merging says nothing more about the section.
@@ -93,25 +100,24 @@ fn section(name: &str, table: &toml::Table, problems: &mut Vec<String>) -> Secti
     for (field, value) in table {
         let at = format!("{name}.{field}");
         let text = || value.as_str().map(str::to_owned);
-        match field.as_str() {
-            "requests" | "tokens" => match text() {
-                Some(text) => match text.parse::<Rates>() {
-                    Ok(rates) if field == "requests" => out.requests = Some(rates),
-                    Ok(rates) => out.tokens = Some(rates),
-                    Err(err) => problems.push(format!("{at}: {err}")),
-                },
+        let rate_field = RATE_FIELDS.iter().position(|(rates, _)| rates == field);
+        let burst_field = RATE_FIELDS.iter().position(|(_, burst)| burst == field);
+        if let Some(i) = rate_field {
+            match text().map(|t| t.parse::<Rates>()) {
+                Some(Ok(rates)) => out.rates[i] = Some(rates),
+                Some(Err(err)) => problems.push(format!("{at}: {err}")),
                 None => problems.push(format!("{at}: expected a rate string like \"500/m\"")),
-            },
-            "requests_burst" | "tokens_burst" => match value.as_integer() {
-                Some(n) if n > 0 => {
-                    if field == "requests_burst" {
-                        out.requests_burst = Some(n as u64);
-                    } else {
-                        out.tokens_burst = Some(n as u64);
-                    }
-                }
+            }
+            continue;
+        }
+        if let Some(i) = burst_field {
+            match value.as_integer() {
+                Some(n) if n > 0 => out.bursts[i] = Some(n as u64),
                 _ => problems.push(format!("{at}: expected a whole number of at least 1")),
-            },
+            }
+            continue;
+        }
+        match field.as_str() {
             "estimator" => match text() {
                 // Checked now, so that a misspelt name fails at load rather than at every call.
                 Some(name) => match tollgate_estimators::check_name(&name) {
@@ -126,7 +132,7 @@ fn section(name: &str, table: &toml::Table, problems: &mut Vec<String>) -> Secti
                 None => problems.push(format!("{at}: expected a duration like \"30s\" or \"none\"")),
             },
             other => problems.push(format!(
-                "{at}: unknown field `{other}`; expected requests, tokens, requests_burst, tokens_burst, estimator or timeout"
+                "{at}: unknown field `{other}`; expected requests, tokens, output_tokens, their _burst, estimator or timeout"
             )),
         }
     }
@@ -141,21 +147,26 @@ fn merge(
     default: &Section,
     problems: &mut Vec<String>,
 ) -> Option<KeyConfig> {
-    let pick = |a: &Option<Rates>, b: &Option<Rates>| a.clone().or_else(|| b.clone());
-    let requests = pick(&own.requests, &default.requests).unwrap_or_default();
-    let tokens = pick(&own.tokens, &default.tokens).unwrap_or_default();
-    let requests = with_burst(&requests, own.requests_burst.or(default.requests_burst));
-    let tokens = with_burst(&tokens, own.tokens_burst.or(default.tokens_burst));
-    let (requests, tokens) = match (requests, tokens) {
-        (Ok(r), Ok(t)) => (r, t),
-        (r, t) => {
-            for err in [r.err(), t.err()].into_iter().flatten() {
+    let mut windows: [Rates; 3] = Default::default();
+    let mut refused = false;
+    for (i, window) in windows.iter_mut().enumerate() {
+        let rates = own.rates[i]
+            .clone()
+            .or_else(|| default.rates[i].clone())
+            .unwrap_or_default();
+        match with_burst(&rates, own.bursts[i].or(default.bursts[i])) {
+            Ok(rates) => *window = rates,
+            Err(err) => {
                 problems.push(format!("{name}: {err}"));
+                refused = true;
             }
-            return None;
         }
-    };
-    let limits = Limits::new(requests, tokens);
+    }
+    if refused {
+        return None;
+    }
+    let [requests, tokens, output_tokens] = windows;
+    let limits = Limits::new(requests, tokens).with_output_tokens(output_tokens);
     if limits.is_empty() {
         // A refused rate was reported already; saying the section has none would mislead.
         if !own.refused && !default.refused {
@@ -236,7 +247,7 @@ impl Config {
             }
         }
         let empty = Section::default();
-        let has_default = default.requests.is_some() || default.tokens.is_some();
+        let has_default = default.rates.iter().any(Option::is_some);
         let default_config = if has_default {
             merge("default", &default, &empty, &mut problems)
         } else {

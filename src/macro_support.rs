@@ -8,7 +8,7 @@ use serde::Serialize;
 use tollgate_estimators::{Estimate, Estimator};
 
 use crate::config::KeyConfig;
-use crate::cost::Cost;
+use crate::cost::{Cost, Usage};
 use crate::error::Error;
 use crate::limiter::{Limiter, Permit};
 use crate::rate::{Limits, Rates};
@@ -32,6 +32,7 @@ pub struct Site {
     key: Option<&'static str>,
     requests: &'static str,
     tokens: &'static str,
+    output_tokens: &'static str,
     estimator_name: Option<&'static str>,
     timeout: Timeout,
     limits: OnceLock<Limits>,
@@ -49,12 +50,13 @@ pub struct Call<'a> {
 
 impl Site {
     /// A call site; `key` is `Some` when it is a literal (then the limiter is cached here).
-    /// Empty `requests` and `tokens` mean the limits come from the configuration.
+    /// Empty rates mean the limits come from the configuration.
     pub const fn new(
         function: &'static str,
         key: Option<&'static str>,
         requests: &'static str,
         tokens: &'static str,
+        output_tokens: &'static str,
         estimator_name: Option<&'static str>,
         timeout: Timeout,
     ) -> Site {
@@ -63,6 +65,7 @@ impl Site {
             key,
             requests,
             tokens,
+            output_tokens,
             estimator_name,
             timeout,
             limits: OnceLock::new(),
@@ -72,7 +75,7 @@ impl Site {
     }
 
     fn reads_config(&self) -> bool {
-        self.requests.is_empty() && self.tokens.is_empty()
+        self.requests.is_empty() && self.tokens.is_empty() && self.output_tokens.is_empty()
     }
 
     fn literal_limits(&self) -> Result<&Limits, Error> {
@@ -84,7 +87,8 @@ impl Site {
         let limits = Limits::new(
             Rates::parse_or_none(self.requests)?,
             Rates::parse_or_none(self.tokens)?,
-        );
+        )
+        .with_output_tokens(Rates::parse_or_none(self.output_tokens)?);
         Ok(self.limits.get_or_init(|| limits))
     }
 
@@ -140,9 +144,11 @@ impl Site {
 }
 
 impl Call<'_> {
-    /// True when the limits have token windows, so the arguments need counting.
+    /// True when the limits have token or output-token windows, so the arguments need
+    /// counting.
     pub fn counts_tokens(&self) -> bool {
-        !self.limiter.limits().tokens().is_empty()
+        let limits = self.limiter.limits();
+        !limits.tokens().is_empty() || !limits.output_tokens().is_empty()
     }
 
     /// The estimator: the attribute's, else the configuration's, else the default; loaded once.
@@ -171,10 +177,19 @@ impl Call<'_> {
         }
     }
 
-    /// Pays one request plus `tokens`, waiting up to the call's timeout.
-    pub async fn acquire(&self, tokens: u64) -> Result<Permit, Error> {
-        let tokens = if self.counts_tokens() { tokens } else { 0 };
-        let cost = Cost::call(tokens);
+    /// Pays one request plus `input` tokens and the `reserve`d output, waiting up to the
+    /// call's timeout. The reservation goes to the output-token windows where the limits have
+    /// them (providers that meter output apart), else to the token windows.
+    pub async fn acquire(&self, input: u64, reserve: u64) -> Result<Permit, Error> {
+        let limits = self.limiter.limits();
+        let cost = if !limits.output_tokens().is_empty() {
+            let input = if limits.tokens().is_empty() { 0 } else { input };
+            Cost::call(input).with_output_tokens(reserve)
+        } else if !limits.tokens().is_empty() {
+            Cost::call(input.saturating_add(reserve))
+        } else {
+            Cost::call(0)
+        };
         match self.timeout() {
             Timeout::Default => self.limiter.acquire(cost).await,
             Timeout::Never => self.limiter.acquire_timeout(cost, None).await,
@@ -193,6 +208,68 @@ impl Call<'_> {
         let backoff = crate::Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
         let pause = retry_after.unwrap_or_else(|| backoff.ceiling(attempt));
         self.limiter.penalize(pause).await
+    }
+}
+
+impl Call<'_> {
+    /// Settles `permit` with the usage the body's answer reported; a store that fails here is
+    /// a warning, not the call's failure (the call itself succeeded).
+    pub async fn settle(&self, permit: Permit, usage: Usage) {
+        if let Err(err) = permit.settle_usage(usage).await {
+            tracing::warn!(key = %self.limiter.key(), error = %err, "could not settle a call with its usage");
+        }
+    }
+}
+
+/// The body of a function with `retries`: it runs again after a refusal, so it must be a
+/// closure that can be called more than once. One that moves an argument out (a request passed
+/// by value to a client) is refused here, at the line that moves it: clone the argument there.
+pub fn body_runs_again_with_retries<F, T>(body: F) -> F
+where
+    F: AsyncFnMut() -> T,
+{
+    body
+}
+
+/// The usage `read` finds in a successful answer, for `#[tollgate::limit(settle = ...)]`.
+pub fn usage_of<T: ?Sized, U: IntoUsage>(value: &T, read: impl FnOnce(&T) -> U) -> Usage {
+    read(value).into_usage()
+}
+
+/// What `settle = ...` may answer: a token count, a [`Usage`], or an `Option` of either (no
+/// usage reported: nothing settled).
+pub trait IntoUsage {
+    /// The usage.
+    fn into_usage(self) -> Usage;
+}
+
+impl IntoUsage for Usage {
+    fn into_usage(self) -> Usage {
+        self
+    }
+}
+
+macro_rules! usage_integers {
+    ($($ty:ty),*) => {
+        $(impl IntoUsage for $ty {
+            fn into_usage(self) -> Usage {
+                Usage::tokens(u64::try_from(self).unwrap_or(if self > 0 as $ty { u64::MAX } else { 0 }))
+            }
+        })*
+    };
+}
+
+usage_integers!(u16, u32, u64, usize, i32, i64, isize);
+
+impl<U: IntoUsage> IntoUsage for Option<U> {
+    fn into_usage(self) -> Usage {
+        self.map_or(Usage::default(), IntoUsage::into_usage)
+    }
+}
+
+impl<U: IntoUsage + Copy> IntoUsage for &U {
+    fn into_usage(self) -> Usage {
+        (*self).into_usage()
     }
 }
 

@@ -168,3 +168,26 @@ proptest! {
         let _ = Config::from_toml(&text);
     }
 }
+
+#[test]
+fn output_tokens_and_their_burst_are_read_like_the_other_currencies() {
+    let config = Config::from_toml(
+        r#"
+        [default]
+        requests = "50/m"
+        [keys.anthropic]
+        tokens = "40000/m"
+        output_tokens = "8000/m"
+        output_tokens_burst = 2000
+        "#,
+    )
+    .unwrap();
+    assert_eq!(
+        config.key("anthropic").unwrap().limits.to_string(),
+        "requests 50/m, tokens 40000/m, output tokens 8000/m burst 2000"
+    );
+    assert_eq!(
+        problems("[keys.a]\noutput_tokens = \"5/q\""),
+        ["keys.a.output_tokens: rate `5/q`: unknown unit `q`; expected s, m, h or d (or ms), optionally with a count like `5m`"]
+    );
+}

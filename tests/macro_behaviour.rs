@@ -248,3 +248,64 @@ async fn methods_wait_their_turn_without_a_deadline() {
     assert!(waited >= Duration::from_secs(2), "{waited:?}");
     assert!(waited < Duration::from_millis(2100), "{waited:?}");
 }
+
+pub struct Reply {
+    pub text: String,
+    pub used: u64,
+}
+
+#[tollgate::limit(key = "behaviour-settle", tokens = "1000/m", estimator = "words", settle = |reply| reply.used)]
+async fn answer(prompt: &str, used: u64) -> Result<Reply, AppError> {
+    Ok(Reply {
+        text: prompt.to_owned(),
+        used,
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_body_settles_its_permit_with_the_usage_it_reports() {
+    // "one two three" costs 3 by the words rule (the number is skipped: not text); the reply
+    // says 120 were used, so 117 more are charged, and 1000 - 120 are left.
+    assert_eq!(
+        answer("one two three", 120).await.unwrap().text,
+        "one two three"
+    );
+    assert_eq!(tokens_left("behaviour-settle", "", "1000/m").await, 880);
+    // An overestimate is refunded: 3 charged, 1 used.
+    answer("one two three", 1).await.unwrap();
+    assert_eq!(tokens_left("behaviour-settle", "", "1000/m").await, 879);
+}
+
+#[tollgate::limit(
+    key = "behaviour-output",
+    requests = "50/m",
+    tokens = "4000/m",
+    output_tokens = "2000/m",
+    estimator = "words",
+    reserve_output = max_tokens
+)]
+async fn messages(prompt: &str, max_tokens: u32) -> Result<(), AppError> {
+    let _ = (prompt, max_tokens);
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_output_windows_the_reservation_goes_to_them() {
+    messages("four words of prompt", 1024).await.unwrap();
+    let limits = Limits::parse("50/m", "4000/m")
+        .unwrap()
+        .with_output_tokens("2000/m".parse::<tollgate::Rates>().unwrap());
+    let limiter = Registry::global()
+        .limiter("behaviour-output", &limits)
+        .unwrap();
+    let left: Vec<i128> = limiter
+        .snapshot()
+        .await
+        .unwrap()
+        .iter()
+        .map(|a| a.tokens.whole())
+        .collect();
+    // One request; the prompt's 5 tokens from the input window (by the words rule, 1 per 5
+    // letters: "prompt" is 2); the 1,024 reserved from the output window.
+    assert_eq!(left, vec![49, 3995, 976]);
+}

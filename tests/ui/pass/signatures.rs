@@ -92,6 +92,21 @@ pub async fn from_config(client: &Client, prompt: &str) -> Result<usize, AppErro
     Ok(prompt.len())
 }
 
+pub struct Answer {
+    pub text: String,
+    pub total_tokens: u64,
+}
+
+/// Output tokens limited apart, and settled with the usage the answer reports; an early
+/// `return` in the body is settled too.
+#[tollgate::limit(key = "pass-settle", tokens = "1000/m", output_tokens = "500/m", estimator = "words", reserve_output = 100u32, settle = |answer: &Answer| answer.total_tokens)]
+async fn settled(prompt: &str) -> Result<Answer, AppError> {
+    if prompt.is_empty() {
+        return Ok(Answer { text: String::new(), total_tokens: 0 });
+    }
+    Ok(Answer { text: prompt.to_owned(), total_tokens: 7 })
+}
+
 pub type Res<T> = Result<T, AppError>;
 
 #[tollgate::limit(key = "pass-alias", requests = "1/s")]
@@ -112,4 +127,6 @@ async fn main() {
     assert_eq!(service.bump("go".into(), Some(3)).await.unwrap(), 1);
     assert_eq!(Model.complete("ok").await.unwrap(), "OK");
     aliased().await.unwrap();
+    assert_eq!(settled("hi").await.unwrap().text, "hi");
+    assert_eq!(settled("").await.unwrap().total_tokens, 0);
 }
