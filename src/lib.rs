@@ -1,10 +1,36 @@
 //! Keep calls to LLM APIs inside their rate limits.
 //!
-//! Providers limit requests per period and text tokens per period at once. tollgate makes every
-//! call pay its toll before it goes out: one request, and the tokens its arguments will cost.
-//! Each key has a request bucket and a token bucket (or several windows of each, like
-//! `60/m; 1000/d`); a call proceeds only when every bucket can pay, all or nothing, and
-//! otherwise waits with jittered exponential backoff, never past its deadline.
+//! Providers limit requests per period and text tokens per period at once (some also output
+//! tokens apart). tollgate makes every call pay its toll before it goes out: one request, and
+//! the tokens its arguments will cost, counted with the provider's own tokenizer. Each key has
+//! a request window and a token window (or several of each, like `60/m; 1000/d`); a call
+//! proceeds only when every window can pay, all or nothing, and otherwise waits its turn, never
+//! past its deadline. Calls that share a key share the windows: across the tasks of a process
+//! through the in-memory store, across processes and machines through Redis.
+//!
+//! The front door is an attribute on async functions, [`limit`]:
+//!
+//! ```
+//! #[derive(Debug)]
+//! enum ApiError { Limited(tollgate::Error) }
+//! impl From<tollgate::Error> for ApiError {
+//!     fn from(e: tollgate::Error) -> Self { ApiError::Limited(e) }
+//! }
+//!
+//! #[tollgate::limit(key = "openai", requests = "500/m", tokens = "200000/m", estimator = "words")]
+//! async fn summarise(text: &str) -> Result<String, ApiError> {
+//!     // ... call the API: the call has already paid 1 request and the tokens of `text` ...
+//!     Ok(text.chars().take(10).collect())
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), ApiError> {
+//! summarise("a long document").await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Underneath, the same with a [`Limiter`] of the process-wide [`Registry`]:
 //!
 //! ```
 //! use tollgate::{Cost, Limits, Registry};
@@ -12,10 +38,12 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), tollgate::Error> {
 //! let limits = Limits::parse("500/m", "200000/m")?;
-//! // Every task that asks the process-wide registry for "openai" shares these buckets.
+//! // Every task that asks the registry for "openai" shares these windows.
 //! let limiter = Registry::global().limiter("openai", &limits)?;
 //! let permit = limiter.acquire(Cost::call(1_500)).await?;
 //! println!("admitted after {:?}", permit.waited());
+//! // After the call, the real usage corrects the estimate.
+//! permit.settle(1_480).await?;
 //! # Ok(())
 //! # }
 //! ```
@@ -31,28 +59,69 @@
 //! | `60/m; 1000/d` | two windows | a call must fit both |
 //!
 //! Units are case-insensitive, singular or plural: `s`/`sec`/`second`, `m`/`min`/`minute`,
-//! `h`/`hr`/`hour`, `d`/`day` (and `ms`). See [`Rate`].
+//! `h`/`hr`/`hour`, `d`/`day` (and `ms`); timeouts (`"30s"`, `"1d"`) use the same table. See
+//! [`Rate`] and [`Limits`].
 //!
 //! # The promises
 //!
-//! - **Both buckets, or none**: a call that one window can pay and another can't consumes
+//! - **All windows, or none**: a call that one window can pay and another can't consumes
 //!   nothing.
 //! - **Exact**: the arithmetic is in integers scaled by the period in nanoseconds, so decisions
 //!   are those of exact rational arithmetic; a refusal keeps its partial credit and a long
 //!   silence refills to capacity, never beyond.
 //! - **The window bound**: in any interval of length `dt`, the admitted cost of a window is at
-//!   most `B + r·dt`.
+//!   most `B + r·dt`, under any number of tasks and processes.
 //! - **Errors are for errors**: a cost above capacity is [`Error::CostExceedsCapacity`] at
 //!   once; an insufficient balance is an answer ([`Attempt::NotYet`]), and waiting fails only
-//!   when the deadline passes ([`Error::Timeout`]).
+//!   when the deadline passes ([`Error::Timeout`]) or the store fails.
+//! - **Arrival order**: calls on a key are admitted in the order they reached the store.
 //! - **Cancel-safe**: a dropped wait holds nothing and consumed nothing.
+//!
+//! # How waiting works
+//!
+//! - **The queue.** A call the key can't pay for at once takes a *ticket* from the store: its
+//!   place behind every call that arrived before it, and the instant it is *due*, when the key
+//!   can pay for it after everyone ahead of it has paid. Tickets hold no tokens; only an
+//!   admission charges the windows, so the window bound is the bucket's own. A newcomer passes
+//!   at once only if the key can pay for it on top of every waiting ticket: no later call
+//!   delays an earlier one, and a large call is never starved by a stream of small ones.
+//! - **The sleep.** A waiter sleeps until it is due, then asks once. If the calls ahead paid on
+//!   time it passes; if not (one was late, a 429 paused the key, another process took the
+//!   tokens), the store answers with the exact time until it could pass (the *hint*), and the
+//!   waiter sleeps that plus a jitter whose ceiling starts at 5 ms and doubles each time, up to
+//!   1 s ([`Backoff`]). The first sleep has no jitter: every waiter has its own due time, so
+//!   there is no herd to spread, and jitter there would only cost throughput.
+//! - **The deadline.** When the turn would come after the call's deadline, the answer is
+//!   [`Error::Timeout`] at once, with the time it would have needed; no call returns later than
+//!   its deadline, store calls included. [`WaitPolicy`] sets the deadline (60 s) and how many
+//!   calls may wait on a key (10,000).
+//! - **Across processes.** On Redis the queue lives in the server, so arrival order, due times
+//!   and the bound hold across every process that shares the key, on the server's clock. A
+//!   dropped wait gives its ticket back (a call cut while its question is on the wire gives back
+//!   what the answer took); a ticket whose process died lapses one lease (1 s) after it was due.
+//!   When the server dies or stops, every waiter on the key learns it within about one store
+//!   timeout. Not shared across processes: the jitter of a waiter, and in-process pauses of a
+//!   [`MemoryStore`].
 //!
 //! # Layers
 //!
 //! The bucket arithmetic is pure and exact; a [`Store`] keeps the windows of every key
-//! ([`MemoryStore`] in process, `store::redis::RedisStore` across processes); a [`Limiter`] is
-//! one key on a store with a [`WaitPolicy`]; the [`Registry`] maps keys to limiters for the
-//! whole process.
+//! ([`MemoryStore`] in process, `store::redis::RedisStore` across processes) and applies one
+//! [`store::Op`] at a time to a key; a [`Limiter`] is one key on a store with a
+//! [`WaitPolicy`]; the [`Registry`] maps keys to limiters for the whole process.
+//!
+//! # Features
+//!
+//! | feature | enables | default |
+//! |---|---|---|
+//! | `tiktoken` | OpenAI vocabularies for the `openai`, `openai:<model>` and `tiktoken:<encoding>` estimators | yes |
+//! | `voyage` | the Voyage vocabulary for `voyageai` | yes |
+//! | `huggingface` | any `tokenizer.json` for `hf:<path>` | no |
+//! | `redis` | `store::redis::RedisStore`, shared by every process | no |
+//! | `redis-tls` | `rediss://` URLs through rustls | no |
+//!
+//! With `default-features = false` the core builds with tokio, serde, rand and tracing only,
+//! and estimates with `words`.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
@@ -87,6 +156,7 @@ pub use store::{MemoryStore, Store};
 /// The estimators crate: token counts from a call's arguments.
 pub use tollgate_estimators as estimators;
 pub use tollgate_estimators::{Estimate, Estimator};
+#[doc = include_str!("limit.md")]
 pub use tollgate_macros::limit;
 
 /// What `#[tollgate::limit]` expands to; not a public API.

@@ -188,6 +188,8 @@ fn output_tokens_and_their_burst_are_read_like_the_other_currencies() {
     );
     assert_eq!(
         problems("[keys.a]\noutput_tokens = \"5/q\""),
-        ["keys.a.output_tokens: rate `5/q`: unknown unit `q`; expected s, m, h or d (or ms), optionally with a count like `5m`"]
+        [
+            "keys.a.output_tokens: rate `5/q`: unknown unit `q`; expected s, m, h or d (or ms), optionally with a count like `5m`"
+        ]
     );
 }

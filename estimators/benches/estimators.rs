@@ -1,5 +1,7 @@
-//! Estimator throughput, tiktoken-rs against bpe-openai on the same vocabulary, and what text
-//! extraction adds to the raw count.
+//! Estimator throughput, tiktoken-rs against bpe-openai on the same vocabulary, what text
+//! extraction adds to the raw count, and what the count cache saves on a growing conversation
+//! (and costs on a text seen for the first time). The throughput groups measure estimators
+//! without their cache, since they count the same text again and again.
 //!
 //! The Hugging Face estimator is measured when `TOLLGATE_TOKENIZERS` names the fixtures folder
 //! and the `huggingface` feature is on.
@@ -8,9 +10,9 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Instant;
 
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use serde::Serialize;
-use tollgate_estimators::{Estimator, Tiktoken, estimate, estimator};
+use tollgate_estimators::{Cached, Estimator, Tiktoken, Voyage, Words, estimate};
 
 fn sample() -> String {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/");
@@ -19,6 +21,14 @@ fn sample() -> String {
         .map(|f| std::fs::read_to_string(format!("{dir}{f}")).unwrap())
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// `text` from the first character boundary at or after `at`.
+fn from(text: &str, mut at: usize) -> &str {
+    while !text.is_char_boundary(at) {
+        at += 1;
+    }
+    &text[at..]
 }
 
 /// A prefix of `text` of about `bytes` bytes, cut at a character boundary.
@@ -32,29 +42,27 @@ fn prefix(text: &str, bytes: usize) -> String {
     out
 }
 
-/// The estimators to measure, each timed on its first count (which loads its vocabulary).
+/// The estimators to measure, without their cache, each timed on its first count (which
+/// loads its vocabulary).
 fn estimators() -> Vec<Arc<dyn Estimator>> {
-    let mut names = vec![
-        "openai".to_owned(),
-        "voyageai".to_owned(),
-        "words".to_owned(),
+    let mut made: Vec<Arc<dyn Estimator>> = vec![
+        Arc::new(Tiktoken::default()),
+        Arc::new(Voyage::new()),
+        Arc::new(Words),
     ];
-    if cfg!(feature = "huggingface")
-        && let Some(dir) = std::env::var_os("TOLLGATE_TOKENIZERS")
-    {
+    #[cfg(feature = "huggingface")]
+    if let Some(dir) = std::env::var_os("TOLLGATE_TOKENIZERS") {
         let path = std::path::Path::new(&dir).join("gpt-4o/tokenizer.json");
-        names.push(format!("hf:{}", path.display()));
+        made.push(Arc::new(
+            tollgate_estimators::HuggingFace::from_file(path).unwrap(),
+        ));
     }
-    names
-        .iter()
-        .map(|name| {
-            let started = Instant::now();
-            let est = estimator(name).unwrap();
-            est.count("load");
-            eprintln!("first use of {name}: {:?}", started.elapsed());
-            est
-        })
-        .collect()
+    for est in &made {
+        let started = Instant::now();
+        est.count("load");
+        eprintln!("first use of {}: {:?}", est.name(), started.elapsed());
+    }
+    made
 }
 
 fn counting(c: &mut Criterion) {
@@ -119,7 +127,7 @@ struct Message {
 
 fn extraction(c: &mut Criterion) {
     let text = sample();
-    let est = estimator("openai").unwrap();
+    let est: Arc<dyn Estimator> = Arc::new(Tiktoken::default());
     // 20 messages of 40..800 bytes each, alternating roles.
     let messages: Vec<Message> = (0..20)
         .map(|i| Message {
@@ -159,5 +167,55 @@ fn extraction(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, counting, no_whitespace, extraction);
+/// A conversation of 200 turns of about 500 tokens each, estimated after every turn, as an
+/// agent re-sends its whole history with each call.
+fn conversation(c: &mut Criterion) {
+    let text = sample();
+    let raw = Tiktoken::default();
+    let turns: Vec<Message> = (0..200)
+        .map(|i| Message {
+            role: if i % 2 == 0 { "user" } else { "assistant" },
+            // About 2,000 bytes (about 500 tokens) a turn, each turn its own text.
+            content: format!("turn {i}: {}", prefix(from(&text, (i * 131) % 4000), 2_000)),
+        })
+        .collect();
+    let per_turn =
+        turns.iter().map(|m| raw.count(&m.content)).sum::<usize>() as f64 / turns.len() as f64;
+    eprintln!("conversation: 200 turns of {per_turn:.0} tokens on average");
+    let session = |est: &dyn Estimator| {
+        (1..=turns.len())
+            .map(|k| estimate(est, &turns[..k]).unwrap().input_tokens)
+            .sum::<u64>()
+    };
+    let mut group = c.benchmark_group("conversation_200_turns");
+    group.sample_size(10);
+    group.bench_function("without_cache", |b| b.iter(|| session(black_box(&raw))));
+    group.bench_function("with_cache", |b| {
+        // A fresh cache for each session: it starts empty and fills as the session goes.
+        b.iter_batched(
+            || Cached::new(Tiktoken::default()),
+            |cached| session(black_box(&cached)),
+            BatchSize::LargeInput,
+        )
+    });
+    group.finish();
+
+    // The price of the cache on a text it has never seen: a 2 KB turn, counted once.
+    let cached = Cached::new(Tiktoken::default());
+    let mut fresh = 0u64;
+    let mut next_text = || {
+        fresh += 1;
+        format!("{fresh} {}", turns[(fresh % 200) as usize].content)
+    };
+    let mut group = c.benchmark_group("first_sight_2kb");
+    group.bench_function("without_cache", |b| {
+        b.iter_batched(&mut next_text, |t| raw.count(&t), BatchSize::SmallInput)
+    });
+    group.bench_function("with_cache", |b| {
+        b.iter_batched(&mut next_text, |t| cached.count(&t), BatchSize::SmallInput)
+    });
+    group.finish();
+}
+
+criterion_group!(benches, counting, no_whitespace, extraction, conversation);
 criterion_main!(benches);

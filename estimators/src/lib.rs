@@ -33,7 +33,9 @@
 //! along Hugging Face → tiktoken → words, with one `tracing` warning the first time;
 //! [`estimator_strict`] returns the error instead. An unknown name is an error either way.
 
-#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 use std::collections::HashMap;
 use std::fmt;
@@ -41,6 +43,7 @@ use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use tollgate_grammar::{EstimatorName, EstimatorNameError};
 
+mod cache;
 pub mod extract;
 #[cfg(feature = "huggingface")]
 mod huggingface;
@@ -50,12 +53,19 @@ mod tiktoken;
 mod voyage;
 mod words;
 
-pub use extract::{Estimate, ExtractError, estimate, tally};
+pub use cache::{CACHE_ABOVE, Cached};
+pub use extract::{
+    Billing, Estimate, ExtractError, ImageRule, ImageSize, ToolOverheads, estimate, estimate_with,
+    tally, tally_with, text_len,
+};
 #[cfg(feature = "huggingface")]
+#[cfg_attr(docsrs, doc(cfg(feature = "huggingface")))]
 pub use huggingface::HuggingFace;
 #[cfg(feature = "tiktoken")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tiktoken")))]
 pub use tiktoken::Tiktoken;
 #[cfg(feature = "voyage")]
+#[cfg_attr(docsrs, doc(cfg(feature = "voyage")))]
 pub use voyage::Voyage;
 pub use words::Words;
 
@@ -69,25 +79,41 @@ pub trait Estimator: Send + Sync + fmt::Debug {
 
     /// The number of tokens of `text`.
     fn count(&self, text: &str) -> usize;
+
+    /// The fixed costs OpenAI adds to tool definitions for this vocabulary, when they are known
+    /// (the `o200k_base` and `cl100k_base` encodings). Without them, a tool definition is
+    /// counted as its JSON text, which errs high.
+    fn tool_overheads(&self) -> Option<ToolOverheads> {
+        None
+    }
+
+    /// How the provider of this vocabulary bills images: OpenAI's tiles unless the model is
+    /// known to use patches.
+    fn image_rule(&self) -> ImageRule {
+        ImageRule::Tiles
+    }
 }
 
-impl<E: Estimator + ?Sized> Estimator for Arc<E> {
-    fn name(&self) -> &str {
-        (**self).name()
-    }
-    fn count(&self, text: &str) -> usize {
-        (**self).count(text)
-    }
+macro_rules! forward {
+    ($($ty:ty),*) => {
+        $(impl<E: Estimator + ?Sized> Estimator for $ty {
+            fn name(&self) -> &str {
+                (**self).name()
+            }
+            fn count(&self, text: &str) -> usize {
+                (**self).count(text)
+            }
+            fn tool_overheads(&self) -> Option<ToolOverheads> {
+                (**self).tool_overheads()
+            }
+            fn image_rule(&self) -> ImageRule {
+                (**self).image_rule()
+            }
+        })*
+    };
 }
 
-impl<E: Estimator + ?Sized> Estimator for &E {
-    fn name(&self) -> &str {
-        (**self).name()
-    }
-    fn count(&self, text: &str) -> usize {
-        (**self).count(text)
-    }
-}
+forward!(Arc<E>, &E);
 
 /// Why an estimator could not be had.
 #[derive(Debug, thiserror::Error)]
@@ -175,7 +201,7 @@ fn cached(name: &str, fallback: bool) -> Result<Arc<dyn Estimator>, EstimatorErr
 
 fn build(name: &str, fallback: bool) -> Result<Arc<dyn Estimator>, EstimatorError> {
     match EstimatorName::parse(name)? {
-        EstimatorName::Words => Ok(Arc::new(Words)),
+        EstimatorName::Words => Ok(Arc::new(Cached::new(Words))),
         EstimatorName::OpenAi => tiktoken_named(name, "o200k_base", false),
         EstimatorName::OpenAiModel(model) => tiktoken_named(name, model, true),
         EstimatorName::Tiktoken(encoding) => tiktoken_named(name, encoding.name(), false),
@@ -262,7 +288,7 @@ fn tiktoken_named(
     } else {
         Tiktoken::for_encoding(what)
     };
-    made.map(|t| Arc::new(t.named(name)) as Arc<dyn Estimator>)
+    made.map(|t| Arc::new(Cached::new(t.named(name))) as Arc<dyn Estimator>)
         .map_err(|e| e.renamed(name))
 }
 
@@ -276,7 +302,7 @@ fn tiktoken_named(name: &str, _: &str, _: bool) -> Result<Arc<dyn Estimator>, Es
 
 #[cfg(feature = "voyage")]
 fn voyage_named(_: &str) -> Result<Arc<dyn Estimator>, EstimatorError> {
-    Ok(Arc::new(Voyage::new()))
+    Ok(Arc::new(Cached::new(Voyage::new())))
 }
 
 #[cfg(not(feature = "voyage"))]
@@ -290,7 +316,7 @@ fn voyage_named(name: &str) -> Result<Arc<dyn Estimator>, EstimatorError> {
 #[cfg(feature = "huggingface")]
 fn hf_named(name: &str, path: &str, fallback: bool) -> Result<Arc<dyn Estimator>, EstimatorError> {
     match HuggingFace::from_file(path) {
-        Ok(hf) => Ok(Arc::new(hf)),
+        Ok(hf) => Ok(Arc::new(Cached::new(hf))),
         Err(err) if fallback => Ok(fall_back(name, err)),
         Err(err) => Err(err),
     }
@@ -310,7 +336,7 @@ fn hf_named(name: &str, _: &str, _: bool) -> Result<Arc<dyn Estimator>, Estimato
 fn fall_back(name: &str, err: EstimatorError) -> Arc<dyn Estimator> {
     let next: Arc<dyn Estimator> = match tiktoken_named("openai", "o200k_base", false) {
         Ok(tiktoken) => tiktoken,
-        Err(_) => Arc::new(Words),
+        Err(_) => Arc::new(Cached::new(Words)),
     };
     // `cached` makes this run once per name, so this is the one warning.
     tracing::warn!(
@@ -339,5 +365,11 @@ impl Estimator for Fallback {
     }
     fn count(&self, text: &str) -> usize {
         self.inner.count(text)
+    }
+    fn tool_overheads(&self) -> Option<ToolOverheads> {
+        self.inner.tool_overheads()
+    }
+    fn image_rule(&self) -> ImageRule {
+        self.inner.image_rule()
     }
 }

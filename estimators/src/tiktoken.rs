@@ -4,7 +4,7 @@ use tiktoken_rs::CoreBPE;
 use tiktoken_rs::tokenizer::{Tokenizer, get_tokenizer};
 use tollgate_grammar::Encoding;
 
-use crate::{Estimator, EstimatorError};
+use crate::{Estimator, EstimatorError, ImageRule, ToolOverheads};
 
 /// An OpenAI encoding (`o200k_base` by default).
 ///
@@ -28,6 +28,8 @@ pub struct Tiktoken {
     name: String,
     tokenizer: Tokenizer,
     counter: Counter,
+    /// The model, when made for one: it decides how images are billed.
+    model: Option<String>,
 }
 
 #[derive(Clone, Copy)]
@@ -75,6 +77,7 @@ impl Tiktoken {
             name: format!("tiktoken:{}", encoding_name(tokenizer)),
             tokenizer,
             counter,
+            model: None,
         }
     }
 
@@ -90,7 +93,9 @@ impl Tiktoken {
             name: format!("openai:{model}"),
             model: model.to_owned(),
         })?;
-        Ok(Tiktoken::from_tokenizer(tokenizer).named(&format!("openai:{model}")))
+        let mut made = Tiktoken::from_tokenizer(tokenizer).named(&format!("openai:{model}"));
+        made.model = Some(model.to_owned());
+        Ok(made)
     }
 
     /// An encoding by name: `o200k_base`, `cl100k_base`, `p50k_base`, `p50k_edit`,
@@ -152,6 +157,32 @@ impl EstimatorError {
 impl Estimator for Tiktoken {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn tool_overheads(&self) -> Option<ToolOverheads> {
+        match self.tokenizer {
+            Tokenizer::O200kBase | Tokenizer::O200kHarmony => Some(ToolOverheads::O200K),
+            Tokenizer::Cl100kBase => Some(ToolOverheads::CL100K),
+            _ => None,
+        }
+    }
+
+    fn image_rule(&self) -> ImageRule {
+        // The models OpenAI bills by 32-px patches, with their multipliers.
+        let model = self.model.as_deref().unwrap_or("");
+        let multiplier = if model.starts_with("gpt-4.1-mini") {
+            Some(1.62)
+        } else if model.starts_with("gpt-4.1-nano") {
+            Some(2.46)
+        } else if model.starts_with("o4-mini") {
+            Some(1.72)
+        } else {
+            None
+        };
+        match multiplier {
+            Some(multiplier) => ImageRule::Patches { multiplier },
+            None => ImageRule::Tiles,
+        }
     }
 
     fn count(&self, text: &str) -> usize {

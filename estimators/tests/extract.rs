@@ -96,7 +96,7 @@ struct Msg {
 }
 
 #[test]
-fn content_parts_count_their_text_only() {
+fn content_parts_count_their_text_and_their_images() {
     let est = openai();
     let parts = json!([{
         "role": "user",
@@ -106,10 +106,13 @@ fn content_parts_count_their_text_only() {
             {"type": "text", "text": "Answer briefly."}
         ]
     }]);
+    // The URL is not text; the remote image, whose size can't be read, costs the most an image
+    // can cost under OpenAI's tiles (a 2048 × 768 image: 8 tiles, 1,445 tokens).
     let expected = 3
         + est.count("user")
         + est.count("What is in this image?")
         + est.count("Answer briefly.")
+        + 1_445
         + 3;
     assert_eq!(
         estimate(&*est, &parts).unwrap().input_tokens,
@@ -355,7 +358,7 @@ struct Nest(Option<Box<Nest>>);
 fn deep_nesting_is_an_error_not_a_stack_overflow() {
     // On a thread with a small stack, so that unbounded recursion would overflow it.
     std::thread::Builder::new()
-        .stack_size(256 << 10)
+        .stack_size(512 << 10)
         .spawn(|| {
             let shallow = nested_lists(100);
             assert_eq!(tally(&Words, &shallow).unwrap().input_tokens, 2);
