@@ -48,7 +48,9 @@ impl KeyConfig {
             return Ok(found);
         }
         let estimator = match &self.estimator {
-            Some(name) => tollgate_estimators::estimator(name)?,
+            Some(name) => crate::counting::count(crate::counting::OFF_WORKER_ABOVE, || {
+                tollgate_estimators::estimator(name)
+            })?,
             None => crate::limiter::default_estimator(),
         };
         Ok(self.resolved.get_or_init(|| estimator))

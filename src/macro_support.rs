@@ -158,7 +158,10 @@ impl Call<'_> {
             if let Some(estimator) = site.estimator.get() {
                 return Ok(estimator);
             }
-            let estimator = tollgate_estimators::estimator(name)?;
+            // The first use reads the vocabulary: off the async worker, as a long count is.
+            let estimator = crate::counting::count(crate::counting::OFF_WORKER_ABOVE, || {
+                tollgate_estimators::estimator(name)
+            })?;
             return Ok(site.estimator.get_or_init(|| estimator));
         }
         match self.config {
@@ -212,6 +215,16 @@ impl Call<'_> {
 }
 
 impl Call<'_> {
+    /// Runs `tally` (the counting of the arguments, `text_len` bytes of text in all) off the
+    /// async worker when it is long.
+    pub fn count(
+        &self,
+        text_len: usize,
+        tally: impl FnOnce() -> Result<Estimate, Error>,
+    ) -> Result<Estimate, Error> {
+        crate::counting::count(text_len, tally)
+    }
+
     /// Settles `permit` with the usage the body's answer reported; a store that fails here is
     /// a warning, not the call's failure (the call itself succeeded).
     pub async fn settle(&self, permit: Permit, usage: Usage) {
@@ -334,6 +347,23 @@ pub trait CountSkip {
     /// Adds nothing.
     fn tally_into(&self, _: &dyn Estimator, _: &mut Estimate) -> Result<(), Error> {
         Ok(())
+    }
+
+    /// Nothing to count.
+    fn text_len(&self) -> usize {
+        0
+    }
+}
+
+/// The bytes of text an argument whose type implements `Serialize` holds.
+pub trait SizeSerialize {
+    /// How many bytes counting it would read.
+    fn text_len(&self) -> usize;
+}
+
+impl<T: Serialize + ?Sized> SizeSerialize for Arg<'_, T> {
+    fn text_len(&self) -> usize {
+        tollgate_estimators::text_len(self.0)
     }
 }
 

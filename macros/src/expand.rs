@@ -53,39 +53,43 @@ fn site(func: &ItemFn, options: &Options, key: &Expr) -> TokenStream {
     }
 }
 
-/// Adds each counted argument's tokens to the tally.
-fn tallies(counted: &[(Ident, bool)]) -> Vec<TokenStream> {
-    let fail = fail();
+/// Adds each counted argument's tokens to the tally (inside a closure that answers a
+/// `Result`), and its bytes of text to the size.
+fn tallies(counted: &[(Ident, bool)]) -> (Vec<TokenStream>, Vec<TokenStream>) {
     counted
         .iter()
         .map(|(ident, explicit)| {
             if *explicit {
                 // Named in `tokens_from`: it must be `Serialize`, and the error says so here.
-                quote_spanned! {ident.span()=>
-                    if let ::core::result::Result::Err(__tollgate_error) =
+                (
+                    quote_spanned! {ident.span()=>
                         ::tollgate::__private::CountSerialize::tally_into(
                             &::tollgate::__private::Arg(&#ident),
                             &**__tollgate_estimator,
                             &mut __tollgate_tally,
-                        )
-                    {
-                        #fail;
-                    }
-                }
+                        )?;
+                    },
+                    quote_spanned! {ident.span()=>
+                        __tollgate_size += ::tollgate::__private::SizeSerialize::text_len(
+                            &::tollgate::__private::Arg(&#ident),
+                        );
+                    },
+                )
             } else {
                 // Every argument: autoref picks counting for `Serialize` types, skipping
                 // for the others (a client, a connection).
-                quote! {
-                    if let ::core::result::Result::Err(__tollgate_error) =
+                (
+                    quote! {
                         (&::tollgate::__private::Arg(&#ident))
-                            .tally_into(&**__tollgate_estimator, &mut __tollgate_tally)
-                    {
-                        #fail;
-                    }
-                }
+                            .tally_into(&**__tollgate_estimator, &mut __tollgate_tally)?;
+                    },
+                    quote! {
+                        __tollgate_size += (&::tollgate::__private::Arg(&#ident)).text_len();
+                    },
+                )
             }
         })
-        .collect()
+        .unzip()
 }
 
 /// The admission: resolve the key, count, acquire. Evaluates to `(call, permit)`.
@@ -99,7 +103,7 @@ fn admit(options: &Options, key: &Expr, counted: &[(Ident, bool)]) -> TokenStrea
             quote!(::core::option::Option::Some(::core::convert::AsRef::<str>::as_ref(&(#expr))))
         }
     };
-    let tallies = tallies(counted);
+    let (tallies, sizes) = tallies(counted);
     let reserve = match &options.reserve_output {
         None => quote!(0u64),
         Some(None) => quote!(__tollgate_tally.reserved_output),
@@ -120,10 +124,20 @@ fn admit(options: &Options, key: &Expr, counted: &[(Ident, bool)]) -> TokenStrea
                     ::core::result::Result::Ok(estimator) => estimator,
                     ::core::result::Result::Err(__tollgate_error) => #fail,
                 };
-                let mut __tollgate_tally = ::tollgate::Estimate::default();
                 #[allow(unused_imports)]
-                use ::tollgate::__private::{CountSerialize as _, CountSkip as _};
-                #(#tallies)*
+                use ::tollgate::__private::{CountSerialize as _, CountSkip as _, SizeSerialize as _};
+                let mut __tollgate_size: usize = 0;
+                #(#sizes)*
+                // Long arguments are counted off the async worker.
+                let __tollgate_counted = __tollgate_call.count(__tollgate_size, || {
+                    let mut __tollgate_tally = ::tollgate::Estimate::default();
+                    #(#tallies)*
+                    ::core::result::Result::Ok(__tollgate_tally)
+                });
+                let __tollgate_tally = match __tollgate_counted {
+                    ::core::result::Result::Ok(tally) => tally,
+                    ::core::result::Result::Err(__tollgate_error) => #fail,
+                };
                 __tollgate_input = __tollgate_tally.input_tokens;
                 __tollgate_reserve = #reserve;
             }

@@ -168,7 +168,11 @@ impl<S: Store> LimiterBuilder<S> {
 
     /// The estimator called `name` (`openai`, `openai:gpt-4`, `voyageai`, `hf:path`, `words`).
     pub fn estimator_named(self, name: &str) -> Result<Self, Error> {
-        Ok(self.estimator(tollgate_estimators::estimator(name)?))
+        // Reading a vocabulary takes a while: off the async worker, as a long count is.
+        let estimator = crate::counting::count(crate::counting::OFF_WORKER_ABOVE, || {
+            tollgate_estimators::estimator(name)
+        })?;
+        Ok(self.estimator(estimator))
     }
 
     /// The limiter. Fails with [`Error::NoLimits`] when the limits have no window, and with the

@@ -115,8 +115,10 @@ impl<S: Store> std::fmt::Debug for Limiter<S> {
 pub(crate) fn default_estimator() -> Arc<dyn Estimator> {
     static DEFAULT: OnceLock<Arc<dyn Estimator>> = OnceLock::new();
     Arc::clone(DEFAULT.get_or_init(|| {
-        tollgate_estimators::estimator("openai")
-            .unwrap_or_else(|_| Arc::new(tollgate_estimators::Words))
+        crate::counting::count(crate::counting::OFF_WORKER_ABOVE, || {
+            tollgate_estimators::estimator("openai")
+                .unwrap_or_else(|_| Arc::new(tollgate_estimators::Words))
+        })
     }))
 }
 
@@ -186,9 +188,14 @@ impl<S: Store> Limiter<S> {
     }
 
     /// The tokens `args` will cost, by this limiter's estimator (see
-    /// [`tollgate_estimators::estimate`] for what counts).
+    /// [`tollgate_estimators::estimate`] for what counts). Arguments with more than
+    /// [`OFF_WORKER_ABOVE`](crate::OFF_WORKER_ABOVE) bytes of text are counted off the async
+    /// worker on a multi-threaded runtime.
     pub fn estimate<T: Serialize + ?Sized>(&self, args: &T) -> Result<Estimate, Error> {
-        Ok(tollgate_estimators::estimate(&**self.estimator(), args)?)
+        let estimator = self.estimator();
+        crate::counting::count(tollgate_estimators::text_len(args), || {
+            Ok(tollgate_estimators::estimate(&**estimator, args)?)
+        })
     }
 
     /// Waits for one request plus the estimated input tokens of `args`, like
