@@ -218,9 +218,14 @@ impl Window {
 
 fn windows(limits: &Limits) -> impl Iterator<Item = (Currency, Window)> + '_ {
     limits
-        .windows()
-        .map(|(currency, rate)| (currency, Window { rate: *rate }))
+        .flat()
+        .iter()
+        .map(|(currency, rate)| (*currency, Window { rate: *rate }))
 }
+
+/// The most windows the single-pass admission keeps on the stack; keys with more take the
+/// general path.
+const FAST_WINDOWS: usize = 4;
 
 /// Checks a cost against the windows, before any time is involved: a cost of zero in every
 /// currency, or above some window's burst, is refused.
@@ -428,6 +433,53 @@ impl KeyState {
         })
     }
 
+    /// The hot path, with nobody waiting and no pause: refill, check and charge every window in
+    /// one pass, committing only if all can pay. `None` when some can't (or the key has more
+    /// windows than the pass keeps), for the general path to answer.
+    fn admit_at_once(
+        &mut self,
+        limits: &Limits,
+        now: Nanos,
+        cost: Cost,
+    ) -> Result<Option<Step>, BucketError> {
+        if cost.is_zero() {
+            return Err(BucketError::ZeroCost);
+        }
+        let flat = limits.flat();
+        if flat.len() > FAST_WINDOWS || flat.len() != self.real.units.len() {
+            return Ok(None);
+        }
+        let now = now.max(self.real.at);
+        let elapsed = now.0 - self.real.at.0;
+        let mut next = [0i128; FAST_WINDOWS];
+        let mut short = false;
+        for (i, (currency, rate)) in flat.iter().enumerate() {
+            let amount = cost.of(*currency);
+            if amount > rate.burst() {
+                return Err(BucketError::CostExceedsCapacity {
+                    currency: *currency,
+                    rate: *rate,
+                    cost: amount,
+                });
+            }
+            let w = Window { rate: *rate };
+            let level = w.refill(self.real.units[i], elapsed);
+            let left = level - w.units(amount);
+            short |= left < 0;
+            next[i] = left;
+        }
+        if short {
+            return Ok(None);
+        }
+        // Element by element: a copy of a length known only at run time is a call to memmove,
+        // which costs more than the few windows it copies.
+        for (level, left) in self.real.units.iter_mut().zip(next) {
+            *level = left;
+        }
+        self.real.at = now;
+        Ok(Some(Step::Admitted))
+    }
+
     /// A call arrives: admitted at once if the key can pay for it on top of every waiting
     /// ticket; else queued, unless it would be due more than `max_wait` from now (then
     /// nothing changes and the answer says when it could pass).
@@ -440,6 +492,12 @@ impl KeyState {
         lease: Duration,
         id: impl FnOnce() -> u64,
     ) -> Result<Step, BucketError> {
+        if self.queue.is_none()
+            && now >= self.paused_until
+            && let Some(step) = self.admit_at_once(limits, now, cost)?
+        {
+            return Ok(step);
+        }
         validate(limits, cost)?;
         let now = self.refilled(limits, now);
         self.expire_head(now);

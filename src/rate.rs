@@ -75,7 +75,38 @@ impl fmt::Display for Currency {
 /// # Ok::<(), serde_json::Error>(())
 /// ```
 #[derive(Clone, Default, PartialEq, Eq, Hash)]
-pub struct Limits(Arc<Windows>);
+pub struct Limits(Arc<Inner>);
+
+/// The windows as written, and the same flattened once for the arithmetic.
+#[derive(Clone, Default)]
+struct Inner {
+    windows: Windows,
+    flat: Box<[(Currency, Rate)]>,
+}
+
+impl PartialEq for Inner {
+    fn eq(&self, other: &Inner) -> bool {
+        self.windows == other.windows
+    }
+}
+
+impl Eq for Inner {}
+
+impl std::hash::Hash for Inner {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.windows.hash(state);
+    }
+}
+
+impl From<Windows> for Limits {
+    fn from(windows: Windows) -> Limits {
+        let flat = Currency::ALL
+            .into_iter()
+            .flat_map(|c| windows.of(c).as_slice().iter().map(move |r| (c, *r)))
+            .collect();
+        Limits(Arc::new(Inner { windows, flat }))
+    }
+}
 
 #[derive(Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -101,11 +132,11 @@ impl Windows {
 impl Limits {
     /// Limits from request windows and token windows.
     pub fn new(requests: impl Into<Rates>, tokens: impl Into<Rates>) -> Limits {
-        Limits(Arc::new(Windows {
+        Limits::from(Windows {
             requests: requests.into(),
             tokens: tokens.into(),
             output_tokens: Rates::none(),
-        }))
+        })
     }
 
     /// Limits from two rate strings; an empty string leaves that currency unlimited.
@@ -133,44 +164,47 @@ impl Limits {
     pub fn with_output_tokens(self, output_tokens: impl Into<Rates>) -> Limits {
         let Windows {
             requests, tokens, ..
-        } = Arc::unwrap_or_clone(self.0);
-        Limits(Arc::new(Windows {
+        } = Arc::unwrap_or_clone(self.0).windows;
+        Limits::from(Windows {
             requests,
             tokens,
             output_tokens: output_tokens.into(),
-        }))
+        })
     }
 
     /// The request windows.
     pub fn requests(&self) -> &Rates {
-        &self.0.requests
+        &self.0.windows.requests
     }
 
     /// The token windows.
     pub fn tokens(&self) -> &Rates {
-        &self.0.tokens
+        &self.0.windows.tokens
     }
 
     /// The output-token windows.
     pub fn output_tokens(&self) -> &Rates {
-        &self.0.output_tokens
+        &self.0.windows.output_tokens
     }
 
     /// The windows of one currency.
     pub fn of(&self, currency: Currency) -> &Rates {
-        self.0.of(currency)
+        self.0.windows.of(currency)
     }
 
     /// Every window with its currency, requests first, in the order they were written.
     pub fn windows(&self) -> impl Iterator<Item = (Currency, &Rate)> {
-        Currency::ALL
-            .into_iter()
-            .flat_map(move |c| self.of(c).as_slice().iter().map(move |r| (c, r)))
+        self.0.flat.iter().map(|(c, r)| (*c, r))
+    }
+
+    /// The same windows, as a slice.
+    pub(crate) fn flat(&self) -> &[(Currency, Rate)] {
+        &self.0.flat
     }
 
     /// How many windows there are in all.
     pub fn len(&self) -> usize {
-        Currency::ALL.iter().map(|c| self.of(*c).len()).sum()
+        self.0.flat.len()
     }
 
     /// True when no currency has a window.
@@ -222,12 +256,12 @@ impl fmt::Debug for Limits {
 
 impl Serialize for Limits {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(serializer)
+        self.0.windows.serialize(serializer)
     }
 }
 
 impl<'de> Deserialize<'de> for Limits {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Limits, D::Error> {
-        Windows::deserialize(deserializer).map(|w| Limits(Arc::new(w)))
+        Windows::deserialize(deserializer).map(Limits::from)
     }
 }

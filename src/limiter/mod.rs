@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use tollgate_estimators::{Estimate, Estimator};
 use tracing::Instrument;
 
-use crate::bucket::{self, Available};
+use crate::bucket::Available;
 use crate::cost::Cost;
 use crate::error::Error;
 use crate::rate::Limits;
@@ -281,13 +281,11 @@ impl<S: Store> Limiter<S> {
         .map(|_| ())
     }
 
-    fn validate(&self, cost: Cost) -> Result<(), Error> {
-        bucket::validate(&self.inner.limits, cost)
-            .map_err(|e| Error::from_bucket(&self.inner.key, cost, e))
+    fn permit(&self, cost: Cost, start: Instant) -> Permit<S> {
+        self.admitted(cost, Instant::now().saturating_duration_since(start))
     }
 
-    fn permit(&self, cost: Cost, start: Instant) -> Permit<S> {
-        let waited = Instant::now().saturating_duration_since(start);
+    fn admitted(&self, cost: Cost, waited: Duration) -> Permit<S> {
         let meters = self.meters();
         meters.admitted.increment(1);
         meters.tokens.increment(cost.tokens);
@@ -302,14 +300,17 @@ impl<S: Store> Limiter<S> {
     /// them. Fails at once for a cost no window can take ([`Error::CostExceedsCapacity`],
     /// [`Error::InvalidCost`]) and for store errors.
     pub async fn try_acquire(&self, cost: Cost) -> Result<Attempt<S>, Error> {
-        self.validate(cost)?;
-        let start = Instant::now();
         let op = Op::Acquire {
             cost,
             max_wait: Some(Duration::ZERO),
         };
-        match self.call_bounded(op).await? {
-            Outcome::Admitted => Ok(Attempt::Admitted(self.permit(cost, start))),
+        // The store checks the cost; a call that never waits reads no clock of its own.
+        let outcome = match self.inner.store.apply_now(&self.inner.bound, op) {
+            Some(answer) => answer?,
+            None => self.call_bounded(op).await?,
+        };
+        match outcome {
+            Outcome::Admitted => Ok(Attempt::Admitted(self.admitted(cost, Duration::ZERO))),
             Outcome::NotYet(hint) => Ok(Attempt::NotYet(hint)),
             other => Err(unexpected(&other)),
         }

@@ -203,7 +203,6 @@ impl<S: Store> Limiter<S> {
         start: Instant,
         deadline: Option<Instant>,
     ) -> Result<Permit<S>, Error> {
-        self.validate(cost)?;
         let full = self.waiters() >= self.inner.policy.max_waiters();
         let max_wait = if full {
             Some(Duration::ZERO)
@@ -212,7 +211,8 @@ impl<S: Store> Limiter<S> {
         };
         let op = Op::Acquire { cost, max_wait };
         let (ticket, due_in) = match self.answer(self.call(op, cost, deadline).await, start)? {
-            Outcome::Admitted => return Ok(self.permit(cost, start)),
+            // Admitted at the first answer: it did not wait.
+            Outcome::Admitted => return Ok(self.admitted(cost, Duration::ZERO)),
             Outcome::NotYet(_) if full => {
                 return Err(Error::QueueFull {
                     key: self.inner.key.clone(),
