@@ -227,6 +227,21 @@ fn windows(limits: &Limits) -> impl Iterator<Item = (Currency, Window)> + '_ {
 /// general path.
 const FAST_WINDOWS: usize = 4;
 
+/// How many of the tickets ahead of it an asking ticket looks at (the Redis script keeps the
+/// same number).
+pub(crate) const SCAN_AHEAD: usize = 32;
+
+/// `cost · num / den`, rounded down, in every currency (saturating).
+fn scale(cost: Cost, num: u64, den: u64) -> Cost {
+    let one = |n: u64| {
+        u64::try_from(u128::from(n) * u128::from(num) / u128::from(den.max(1))).unwrap_or(u64::MAX)
+    };
+    Cost::new(one(cost.requests), one(cost.tokens)).with_output_tokens(one(cost.output_tokens))
+}
+
+/// A millisecond, the shortest hint to a ticket that did not see everything ahead of it.
+const MS_NANOS: u64 = 1_000_000;
+
 /// Checks a cost against the windows, before any time is involved: a cost of zero in every
 /// currency, or above some window's burst, is refused.
 pub(crate) fn validate(limits: &Limits, cost: Cost) -> Result<(), BucketError> {
@@ -255,6 +270,9 @@ pub(crate) enum Step {
     Queued { id: u64, due: Nanos },
     /// Nothing charged, nothing queued: the call could pass at `ready`.
     NotYet { ready: Nanos },
+    /// The ticket waits for calls ahead of it that have not passed yet; if they passed now,
+    /// it could pass at `ready`.
+    Behind { ready: Nanos },
     /// The ticket is gone (it lapsed or was cancelled).
     Lost,
     /// Done (adjustments, penalties, cancellations).
@@ -361,6 +379,14 @@ impl Levels {
         windows(limits)
             .zip(self.units.iter())
             .map(|((c, w), level)| w.wait(*level - w.units(ahead.of(c)), w.units(cost.of(c))))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Nanoseconds for every window to refill `cost` from nothing.
+    fn refill_time(&self, limits: &Limits, cost: Cost) -> u64 {
+        windows(limits)
+            .map(|(c, w)| w.wait(0, w.units(cost.of(c))))
             .max()
             .unwrap_or(0)
     }
@@ -553,47 +579,69 @@ impl KeyState {
         let Some(queue) = self.queue.as_mut() else {
             return Ok(Step::Lost);
         };
-        // Tickets ahead that lapsed are dropped now; they would only block this one.
         let Ok(mut index) = queue.tickets.binary_search_by_key(&id, |t| t.id) else {
             return Ok(Step::Lost);
         };
-        let mut position = 0;
+        // Only the nearest tickets ahead are looked at, so that asking costs the same however
+        // long the line; lapsed ones among them are dropped now (they would only block this
+        // one). With more ahead, this ticket can't pass yet, and their cost is a lower bound.
+        let from = index.saturating_sub(SCAN_AHEAD);
         let mut lapsed = Cost::default();
-        let before = queue.tickets.len();
-        queue.tickets.retain(|t| {
-            position += 1;
-            let keep = position > index || t.lease_until >= now;
-            if !keep {
+        let mut kept = from;
+        for i in from..index {
+            let t = queue.tickets[i];
+            if t.lease_until >= now {
+                queue.tickets[kept] = t;
+                kept += 1;
+            } else {
                 lapsed = add(lapsed, t.cost);
             }
-            keep
-        });
-        if queue.tickets.len() != before {
-            index -= before - queue.tickets.len();
+        }
+        if kept != index {
+            queue.tickets.drain(kept..index);
+            index = kept;
             queue.pending = sub(queue.pending, lapsed);
             queue.shadow = None;
         }
+        let unseen = from > 0;
         let ahead = queue
             .tickets
-            .range(..index)
+            .range(from..index)
             .fold(Cost::default(), |sum, t| add(sum, t.cost));
         let ticket = queue.tickets[index];
         let wait = self.real.wait(limits, ahead, ticket.cost);
-        let ready = if now < self.paused_until {
+        let paused = now < self.paused_until;
+        let ready = if paused {
             self.paused_until.max(Nanos(now.0.saturating_add(wait)))
-        } else if wait == 0 {
+        } else if wait == 0 && !unseen {
             self.real.charge(limits, ticket.cost);
             queue.remove(index);
             if queue.tickets.is_empty() {
                 self.queue = None;
             }
             return Ok(Step::Admitted);
+        } else if unseen {
+            // Calls this ticket did not look at are ahead. Guess their cost from those it saw,
+            // and ask again when half of the guess has passed: a waiter deep in the line asks
+            // a few times on its way to the front, not once per call ahead of it.
+            let guess = scale(ahead, index as u64, 2 * SCAN_AHEAD as u64);
+            let again = self
+                .real
+                .wait(limits, guess, ticket.cost)
+                .max(self.real.refill_time(limits, ticket.cost))
+                .max(MS_NANOS);
+            Nanos(now.0.saturating_add(again))
         } else {
             Nanos(now.0.saturating_add(wait))
         };
         let lease_until = ready.plus(lease);
         let ticket = &mut queue.tickets[index];
         ticket.lease_until = ticket.lease_until.max(lease_until);
+        // In line behind calls that have yet to pass, and not held up by a pause: nothing
+        // failed here, the line is just not there yet.
+        if index > 0 && !paused {
+            return Ok(Step::Behind { ready });
+        }
         Ok(Step::NotYet { ready })
     }
 
@@ -808,10 +856,10 @@ mod tests {
                 due: Nanos(1_500 * MS)
             })
         );
-        // At 1.5 s the dead ticket still holds its 10 tokens: the second must wait.
+        // At 1.5 s the dead ticket still holds its 10 tokens: the second must wait, behind it.
         assert!(matches!(
             state.admit(&l, Nanos(1_500 * MS), 2, LEASE),
-            Ok(Step::NotYet { .. })
+            Ok(Step::Behind { .. })
         ));
         // Its lease (1 s past its due) runs out at 2 s: then the second passes.
         assert_eq!(
@@ -819,6 +867,49 @@ mod tests {
             Ok(Step::Admitted)
         );
         assert_eq!(state.queued(), 0);
+    }
+
+    #[test]
+    fn a_ticket_behind_a_late_call_is_told_so_and_a_pause_is_not_a_line() {
+        let l = limits("10/s burst 1", "");
+        let mut state = KeyState::new(&l, Nanos(0));
+        let mut id = ids();
+        let call = Cost::call(0);
+        state
+            .acquire(&l, Nanos(0), call, None, LEASE, &mut id)
+            .unwrap();
+        for (ticket, due) in [(1, 100), (2, 200)] {
+            assert_eq!(
+                state.acquire(&l, Nanos(0), call, None, LEASE, &mut id),
+                Ok(Step::Queued {
+                    id: ticket,
+                    due: Nanos(due * MS)
+                })
+            );
+        }
+        // The head of the line asking early is not behind anyone.
+        assert_eq!(
+            state.admit(&l, Nanos(50 * MS), 1, LEASE),
+            Ok(Step::NotYet {
+                ready: Nanos(100 * MS)
+            })
+        );
+        // Ticket 2 is due at 200 ms, but ticket 1 has not come: were it to pass now, ticket 2
+        // could pass one refill later.
+        assert_eq!(
+            state.admit(&l, Nanos(200 * MS), 2, LEASE),
+            Ok(Step::Behind {
+                ready: Nanos(300 * MS)
+            })
+        );
+        // Nor is a ticket held up by a pause, even with calls ahead of it.
+        state.penalize(&l, Nanos(200 * MS), Nanos(1_000 * MS));
+        assert_eq!(
+            state.admit(&l, Nanos(200 * MS), 2, LEASE),
+            Ok(Step::NotYet {
+                ready: Nanos(1_000 * MS)
+            })
+        );
     }
 
     #[test]

@@ -188,6 +188,7 @@ impl MemoryStore {
                 due_in: due.since(now),
             },
             Step::NotYet { ready } => Outcome::NotYet(ready.since(now)),
+            Step::Behind { ready } => Outcome::Behind(ready.since(now)),
             Step::Lost => Outcome::Lost,
             Step::Done => Outcome::Done,
         })

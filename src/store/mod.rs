@@ -54,8 +54,10 @@ pub enum Op {
         /// The longest the call may wait for its turn.
         max_wait: Option<Duration>,
     },
-    /// The holder of a ticket asks to pass: [`Outcome::Admitted`] (charged), [`Outcome::NotYet`]
-    /// with when to ask again, or [`Outcome::Lost`] if the ticket lapsed.
+    /// The holder of a ticket asks to pass: [`Outcome::Admitted`] (charged),
+    /// [`Outcome::Behind`] while calls ahead of it have yet to pass, [`Outcome::NotYet`] when
+    /// it is first in line but the windows (or a pause) hold it, or [`Outcome::Lost`] if the
+    /// ticket lapsed.
     Admit {
         /// The ticket.
         ticket: Ticket,
@@ -111,6 +113,10 @@ pub enum Outcome {
     /// Nothing was charged; the call could pass after this long, if nothing else is charged
     /// meanwhile.
     NotYet(Duration),
+    /// An [`Op::Admit`] came before calls ahead of the ticket passed (they were late, or are
+    /// still on their way): nothing failed, and the ticket keeps its place. It could pass
+    /// after this long if they passed now.
+    Behind(Duration),
     /// The ticket lapsed (its holder did not ask for it in time) or was cancelled.
     Lost,
     /// Done.

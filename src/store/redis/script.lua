@@ -30,16 +30,19 @@
 -- time; absent when it must be rebuilt), ql (the latest lease of any ticket), and for each
 -- ticket q<id> = "due lease requests tokens output_tokens".
 --
--- Replies: {"ok", now} | {"queued", id, due_in, now} | {"wait", ms, now} | {"lost", now} |
---          {"done", now} | {"levels", now, l1, ..} | {"conflict", sig}
+-- Replies: {"ok", now} | {"queued", id, due_in, now} | {"wait", ms, now} |
+--          {"behind", ms, now} | {"lost", now} | {"done", now} | {"levels", now, l1, ..} |
+--          {"conflict", sig}
 
 local hash = KEYS[1]
 local queue = KEYS[2]
 local MAX = 9007199254740991 -- 2^53 - 1
 local MAX_CAP = 70368744177664 -- 2^46
 local DEBT = 64
--- The longest queue a key may have: every operation on a ticket looks at those ahead of it.
+-- The longest queue a key may have: rebuilding the shadow replays all of it.
 local MAX_QUEUE = 100000
+-- How many of the tickets ahead of it an asking ticket looks at (as in the memory store).
+local SCAN_AHEAD = 32
 
 local function fail(what)
   return redis.error_reply('ERR tollgate: ' .. what)
@@ -76,7 +79,14 @@ for i = 1, k do
 end
 local args = 5 + k * 4
 
-local stored = redis.call('HGET', hash, 'sig')
+-- The key's fields, read in one call.
+local names = {'sig', 't', 'p', 'pq1', 'pq2', 'pq3'}
+for i = 1, k do names[#names + 1] = 'l' .. i end
+local read = redis.call('HMGET', hash, unpack(names))
+local fields = {}
+for j = 1, #names do fields[names[j]] = read[j] end
+
+local stored = fields['sig']
 if stored and stored ~= sig then
   return {'conflict', stored}
 end
@@ -96,7 +106,8 @@ end
 -- (written by something else) is an error, never a reason to loop or overflow.
 local bad_field = nil
 local function field(name, lo, hi, default)
-  local v = redis.call('HGET', hash, name)
+  local v = fields[name]
+  if v == nil then v = redis.call('HGET', hash, name) end
   if not v then
     return default
   end
@@ -184,14 +195,30 @@ local function charge(lv, cost)
   end
 end
 
-local function parse_ticket(id)
-  local data = redis.call('HGET', hash, 'q' .. id)
+local function decode_ticket(id, data)
   if not data then return nil end
   local f = {}
   for part in string.gmatch(data, '%S+') do
     f[#f + 1] = tonumber(part)
   end
   return {id = id, due = f[1], lease = f[2], cost = {f[3], f[4], f[5]}}
+end
+
+local function parse_ticket(id)
+  return decode_ticket(id, redis.call('HGET', hash, 'q' .. id))
+end
+
+-- The tickets `ids`, in order, read a thousand to a call; nil for one that is gone.
+local function parse_tickets(ids)
+  local out = {}
+  for from = 1, #ids, 1000 do
+    local last = math.min(#ids, from + 999)
+    local fields = {}
+    for j = from, last do fields[#fields + 1] = 'q' .. ids[j] end
+    local data = redis.call('HMGET', hash, unpack(fields))
+    for j = from, last do out[j] = decode_ticket(ids[j], data[j - from + 1]) end
+  end
+  return out
 end
 
 local function forget_ticket(t)
@@ -240,8 +267,10 @@ local function shadow()
   for i = 1, k do
     lv[i] = refill(i, levels[i], at - now)
   end
-  for _, id in ipairs(redis.call('ZRANGE', queue, 0, -1)) do
-    local t = parse_ticket(id)
+  local ids = redis.call('ZRANGE', queue, 0, -1)
+  local tickets = parse_tickets(ids)
+  for j = 1, #ids do
+    local t = tickets[j]
     if t ~= nil then
       local due = at + wait_all(lv, {0, 0, 0}, t.cost)
       for i = 1, k do lv[i] = refill(i, lv[i], due - at) end
@@ -367,29 +396,52 @@ elseif op == 'admit' then
     store()
     return {'lost', now}
   end
-  -- Tickets ahead that lapsed are dropped now; they would only block this one.
+  -- Only the nearest tickets ahead are looked at, so that asking costs the same however long
+  -- the line; lapsed ones among them are dropped now (they would only block this one). With
+  -- more ahead, this ticket can't pass yet, and their cost is a lower bound.
   local ahead = {0, 0, 0}
-  for _, other in ipairs(redis.call('ZRANGEBYSCORE', queue, '-inf', '(' .. t.id)) do
-    local o = parse_ticket(other)
+  local behind = false
+  local nearest = redis.call('ZREVRANGEBYSCORE', queue, '(' .. t.id, '-inf', 'LIMIT', 0, SCAN_AHEAD + 1)
+  local unseen = #nearest > SCAN_AHEAD
+  if unseen then nearest[SCAN_AHEAD + 1] = nil end
+  local seen = parse_tickets(nearest)
+  for n, other in ipairs(nearest) do
+    local o = seen[n]
     if o == nil then
       redis.call('ZREM', queue, other)
     elseif o.lease < now then
       forget_ticket(o)
       drop_shadow()
     else
+      behind = true
       for c = 1, 3 do ahead[c] = ahead[c] + o.cost[c] end
     end
   end
   local wait = wait_all(levels, ahead, t.cost)
   local ready
-  if now < paused_until then
+  local paused = now < paused_until
+  if paused then
     ready = paused_until
     if now + wait > ready then ready = now + wait end
-  elseif wait == 0 then
+  elseif wait == 0 and not unseen then
     charge(levels, t.cost)
     forget_ticket(t)
     store()
     return {'ok', now}
+  elseif unseen then
+    -- Calls this ticket did not look at are ahead. Guess their cost from those it saw, and ask
+    -- again when half of the guess has passed: a waiter deep in the line asks a few times on
+    -- its way to the front, not once per call ahead of it.
+    local count = redis.call('ZCOUNT', queue, '-inf', '(' .. t.id)
+    local guess = {}
+    for c = 1, 3 do guess[c] = math.floor(ahead[c] * count / (2 * SCAN_AHEAD)) end
+    local again = wait_all(levels, guess, t.cost)
+    for i = 1, k do
+      local refill_ms = wait_for(i, 0, units(i, t.cost[w[i].cur]))
+      if refill_ms > again then again = refill_ms end
+    end
+    if again < 1 then again = 1 end
+    ready = now + again
   else
     ready = now + wait
   end
@@ -399,6 +451,8 @@ elseif op == 'admit' then
     note_lease(ready + lease)
   end
   store()
+  -- In line behind calls yet to pass (and not paused): nothing failed, the line is not there.
+  if behind and not paused then return {'behind', ready - now, now} end
   return {'wait', ready - now, now}
 elseif op == 'cancel' then
   local id = int(ARGV[args + 1], 0, MAX)

@@ -141,6 +141,10 @@ pub(super) enum Reply {
         millis: u64,
         now_ms: u64,
     },
+    Behind {
+        millis: u64,
+        now_ms: u64,
+    },
     Lost {
         now_ms: u64,
     },
@@ -162,6 +166,7 @@ impl Reply {
             Reply::Ok { now_ms }
             | Reply::Queued { now_ms, .. }
             | Reply::Wait { now_ms, .. }
+            | Reply::Behind { now_ms, .. }
             | Reply::Lost { now_ms }
             | Reply::Done { now_ms }
             | Reply::Levels { now_ms, .. } => *now_ms,
@@ -203,6 +208,10 @@ pub(super) fn parse_reply(value: Value) -> Option<Reply> {
             now_ms: uint(3)?,
         },
         "wait" => Reply::Wait {
+            millis: uint(1)?,
+            now_ms: uint(2)?,
+        },
+        "behind" => Reply::Behind {
             millis: uint(1)?,
             now_ms: uint(2)?,
         },
@@ -254,6 +263,12 @@ pub(super) fn parse_stored_limits(text: &str) -> Option<Limits> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_script_looks_as_far_ahead_as_the_memory_store() {
+        let line = format!("local SCAN_AHEAD = {}\n", crate::bucket::SCAN_AHEAD);
+        assert!(LUA.contains(&line), "script.lua must set {line:?}");
+    }
 
     #[test]
     fn scales_are_reduced_and_bounded() {
