@@ -272,8 +272,21 @@ impl RedisStore {
     /// Connects with `config`, checking that the server answers within its timeout.
     pub async fn connect_with(url: &str, config: RedisConfig) -> Result<RedisStore, Error> {
         let store = RedisStore::lazy(url, config)?;
-        store.ping().await?;
+        store.load_script().await?;
         Ok(store)
+    }
+
+    /// Loads the script, which also shows that the server answers. Without it the first calls
+    /// all find the script missing at once, and each loads it (after a restart or a
+    /// `SCRIPT FLUSH` that still happens, once per call in flight).
+    async fn load_script(&self) -> Result<(), Error> {
+        let mut connection = self.inner.connection.clone();
+        self.bounded(
+            "loading the script",
+            self.inner.script.load_async(&mut connection),
+        )
+        .await
+        .map(|_| ())
     }
 
     /// A store that connects on first use (and reconnects by itself after failures): for
@@ -432,6 +445,7 @@ impl RedisStore {
             (Op::Acquire { .. } | Op::Admit { .. }, Reply::Wait { millis, .. }) => {
                 Outcome::NotYet(ms(millis))
             }
+            (Op::Admit { .. }, Reply::Behind { millis, .. }) => Outcome::Behind(ms(millis)),
             (Op::Admit { .. }, Reply::Lost { .. }) => Outcome::Lost,
             (_, Reply::Done { .. }) => Outcome::Done,
             (op, reply) => {
