@@ -198,6 +198,7 @@ impl<S: Store> LimiterBuilder<S> {
                 waiters: AtomicUsize::new(0),
                 meters: OnceLock::new(),
                 health: OnceLock::new(),
+                line: super::line::Line::default(),
             }),
         })
     }

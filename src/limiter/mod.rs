@@ -18,6 +18,7 @@ use crate::store::{AnyStore, Op, Outcome, Store};
 
 mod builder;
 mod health;
+mod line;
 mod permit;
 mod wait;
 
@@ -64,6 +65,8 @@ struct Inner<S: Store> {
     meters: OnceLock<Meters>,
     /// For stores that can fail: how waiters learn of a failure together.
     health: OnceLock<health::Health>,
+    /// Waiters behind calls of this limiter that have yet to pass.
+    line: line::Line,
 }
 
 /// The metrics of one key, through the `metrics` facade. Without an installed recorder these

@@ -6,9 +6,11 @@
 //! remote store each operation runs in a task of its own, and a [`Delivery`] that finds its
 //! caller gone gives back what the operation took: a ticket is cancelled, an admission refunded.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use super::{Limiter, Permit, unexpected};
@@ -48,6 +50,7 @@ impl<S: Store> Drop for TicketGuard<'_, S> {
     fn drop(&mut self) {
         if let Some(ticket) = self.ticket.take() {
             self.limiter.settle_in_background(Op::Cancel { ticket });
+            self.limiter.inner.line.moved(ticket.id());
         }
     }
 }
@@ -83,6 +86,113 @@ impl<S: Store> Drop for Delivery<S> {
         };
         self.limiter.settle_in_background(undo);
     }
+}
+
+/// The sleep before asking again after `attempt` earlier failed asks. The first retry is
+/// exact: the waiter is first in line (those behind hear [`Outcome::Behind`]), so there is no
+/// herd to spread, and the usual reason is that the call ahead passed a little late, which
+/// jitter would only make worse. From the second on, jitter grows as
+/// [`Backoff`](crate::Backoff) says: something keeps taking what the schedule promised (a
+/// settlement in debt, a provider's lower count, another process), or a pause holds the key.
+fn retry_sleep(backoff: crate::Backoff, hint: Duration, attempt: u32) -> Duration {
+    match attempt {
+        0 => hint,
+        n => backoff.sleep_for(hint, n - 1),
+    }
+}
+
+/// A tokio timer fires on a millisecond tick, and on a busy or virtual machine often later
+/// (here a 3.7 ms sleep overshot by 1.5 ms at the median and up to 5 ms). The sleep that must
+/// end when tokens exist (the first in line asking again, whose hint is exact) arms its timer
+/// this long before its end and yields the rest of the way: on a fast key with a small burst
+/// every millisecond late is throughput lost, and the lateness adds up along the line. The
+/// price is one task per key yielding for a few milliseconds per retry; those behind it sleep
+/// on timers (and are nudged), so that a long line never spins.
+const YIELD_WITHIN: Duration = Duration::from_millis(4);
+
+/// How long past its hint a waiter behind a call of its own limiter waits for that call's
+/// nudge before asking anyway (the nudge normally comes first). A ticket's lease runs from its
+/// hint, so any lease longer than this keeps the place.
+const LINE_PATIENCE: Duration = Duration::from_millis(100);
+
+/// Why a waiter woke.
+#[derive(Debug)]
+enum Woke {
+    /// Its sleep (or the deadline) ran out.
+    Timer,
+    /// The call ahead of it passed.
+    Nudged,
+}
+
+/// Sleeps until `wake`, cut short by a store failure (answered with it) or by `nudge`. A
+/// `precise` sleep (the first in line, whose tokens exist at `wake`) arms its timer
+/// [`YIELD_WITHIN`] early and yields the rest of the way.
+async fn doze(
+    wake: Instant,
+    mut failures: Option<&mut watch::Receiver<Option<Arc<Error>>>>,
+    nudge: Option<&Notify>,
+    precise: bool,
+) -> Result<Woke, Error> {
+    let now = Instant::now();
+    let timer = if precise {
+        wake.checked_sub(YIELD_WITHIN).unwrap_or(wake).max(now)
+    } else {
+        wake
+    };
+    if timer > now {
+        let sleep = tokio::time::sleep_until(timer);
+        tokio::pin!(sleep);
+        let nudged = async {
+            match nudge {
+                Some(nudge) => nudge.notified().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(nudged);
+        loop {
+            let failed = async {
+                match failures.as_deref_mut() {
+                    Some(rx) => rx
+                        .changed()
+                        .await
+                        .ok()
+                        .map(|()| rx.borrow_and_update().clone()),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                failure = failed => match failure {
+                    Some(Some(err)) => return Err(err.duplicate()),
+                    // A recovery, or the sender gone: nothing to hear any more.
+                    Some(None) => {}
+                    None => failures = None,
+                },
+                () = &mut nudged => return Ok(Woke::Nudged),
+                () = &mut sleep => break,
+            }
+        }
+    }
+    if timer < wake && !yield_until(wake).await {
+        tokio::time::sleep_until(wake).await;
+    }
+    Ok(Woke::Timer)
+}
+
+/// Yields until `wake`, and answers whether it got there. A clock that does not move across a
+/// yield is paused (a test's): then it answers `false` at once, and the caller's timer
+/// advances it.
+async fn yield_until(wake: Instant) -> bool {
+    let mut last = Instant::now();
+    while last < wake {
+        tokio::task::yield_now().await;
+        let now = Instant::now();
+        if now == last {
+            return false;
+        }
+        last = now;
+    }
+    true
 }
 
 fn clamp_refund(amount: u64) -> i64 {
@@ -224,6 +334,7 @@ impl<S: Store> Limiter<S> {
             other => return Err(unexpected(&other)),
         };
         let _slot = WaiterSlot::new(&self.inner.waiters);
+        self.inner.line.join(ticket.id());
         let mut guard = TicketGuard {
             limiter: self,
             ticket: Some(ticket),
@@ -233,7 +344,18 @@ impl<S: Store> Limiter<S> {
         let backoff = self.inner.policy.backoff();
         let mut sleep = due_in;
         let mut attempt = 0u32;
+        // How the call ahead tells this one it passed (see `Line`), and whether this one is
+        // waiting for that.
+        let nudge = Arc::new(Notify::new());
+        let mut behind = false;
+        // Whether the last wake-up waited for a nudge instead of asking.
+        let mut skipped = false;
+        // Set for the first retry of the first in line: its tokens exist at the hint.
+        let mut precise = false;
         loop {
+            let Some(ticket) = guard.ticket else {
+                return Err(Error::store("a waiting call lost its ticket", None));
+            };
             let target = Instant::now().checked_add(sleep);
             let wake = match (target, deadline) {
                 (Some(t), Some(d)) => t.min(d),
@@ -241,47 +363,72 @@ impl<S: Store> Limiter<S> {
                 (None, Some(d)) => d,
                 (None, None) => Instant::now() + Duration::from_secs(86_400 * 365),
             };
-            loop {
-                let Some(rx) = failures.as_mut() else {
-                    tokio::time::sleep_until(wake).await;
-                    break;
-                };
-                tokio::select! {
-                    biased;
-                    changed = rx.changed() => {
-                        let failure = changed.ok().and_then(|()| rx.borrow_and_update().clone());
-                        if let Some(err) = failure {
-                            return Err(err.duplicate());
-                        }
-                    }
-                    () = tokio::time::sleep_until(wake) => break,
+            let woke = doze(wake, failures.as_mut(), behind.then_some(&*nudge), precise).await;
+            match woke {
+                Err(failure) => return Err(failure),
+                Ok(Woke::Nudged) => {}
+                // Woken by the deadline before the turn came: it will not come in time.
+                Ok(Woke::Timer) if target.is_none_or(|t| t > wake) => {
+                    let needed = target.map(|t| t.saturating_duration_since(wake));
+                    return Err(self.timeout(start, needed));
                 }
+                // Due, but a call of this limiter is still ahead: asking now would only hear
+                // `Behind`. Wait for its nudge instead (every other time, so that the ticket's
+                // lease is still renewed if that call is held up for long).
+                Ok(Woke::Timer)
+                    if !skipped && self.inner.line.stand_if_behind(ticket.id(), &nudge) =>
+                {
+                    skipped = true;
+                    behind = true;
+                    precise = false;
+                    sleep = LINE_PATIENCE;
+                    continue;
+                }
+                Ok(Woke::Timer) => {}
             }
-            // Woken by the deadline before the turn came: it will not come in time.
-            if target.is_none_or(|t| t > wake) {
-                let needed = target.map(|t| t.saturating_duration_since(wake));
-                return Err(self.timeout(start, needed));
-            }
-            let Some(ticket) = guard.ticket else {
-                return Err(Error::store("a waiting call lost its ticket", None));
-            };
+            skipped = false;
+            // Standing before asking: a call ahead that passes while the answer is on its way
+            // leaves its nudge, and a waiter told it is behind acts on it at once.
+            self.inner.line.stand(ticket.id(), &nudge);
             let called = self.call(Op::Admit { ticket }, cost, deadline).await;
             match self.answer(called, start)? {
                 Outcome::Admitted => {
                     guard.ticket = None;
+                    self.inner.line.moved(ticket.id());
                     return Ok(self.permit(cost, start));
+                }
+                Outcome::Behind(hint) => {
+                    if Self::remaining(deadline).is_some_and(|left| hint > left) {
+                        return Err(self.timeout(start, Some(hint)));
+                    }
+                    // Not a failed attempt: the line is slower than its schedule. Ask again
+                    // when nudged by the call ahead. Behind a call of this limiter, that nudge
+                    // will come, and the timer only keeps the ticket's lease; behind one of
+                    // another process, it is the hint.
+                    sleep = if self.inner.line.has_ahead(ticket.id()) {
+                        hint.saturating_add(LINE_PATIENCE)
+                    } else {
+                        hint
+                    };
+                    precise = false;
+                    behind = true;
                 }
                 Outcome::NotYet(hint) => {
                     if Self::remaining(deadline).is_some_and(|left| hint > left) {
                         return Err(self.timeout(start, Some(hint)));
                     }
-                    sleep = backoff.sleep_for(hint, attempt);
+                    self.inner.line.sit(ticket.id());
+                    sleep = retry_sleep(backoff, hint, attempt);
+                    precise = attempt == 0;
                     attempt = attempt.saturating_add(1);
+                    behind = false;
                 }
                 Outcome::Lost => {
                     // The ticket lapsed (this runtime was too busy to ask for it in time): take
                     // a new place, at the back.
                     guard.ticket = None;
+                    self.inner.line.moved(ticket.id());
+                    behind = false;
                     let op = Op::Acquire {
                         cost,
                         max_wait: Self::remaining(deadline),
@@ -289,8 +436,10 @@ impl<S: Store> Limiter<S> {
                     match self.answer(self.call(op, cost, deadline).await, start)? {
                         Outcome::Admitted => return Ok(self.permit(cost, start)),
                         Outcome::Queued { ticket, due_in } => {
+                            self.inner.line.join(ticket.id());
                             guard.ticket = Some(ticket);
                             sleep = backoff.sleep_for(due_in, attempt);
+                            precise = false;
                             attempt = attempt.saturating_add(1);
                         }
                         Outcome::NotYet(needed) => return Err(self.timeout(start, Some(needed))),

@@ -1,0 +1,127 @@
+//! The tickets of one limiter's waiters, in order, and which of them were told they are behind.
+//!
+//! A ticket's due time assumes every call ahead of it passes on time. When one is late (its
+//! timer fired a little after it was due, or its task was busy), those behind it ask too early
+//! and hear [`Outcome::Behind`](crate::store::Outcome::Behind). They could sleep for the hint
+//! and ask again, but a timer only fires on its next tick (a millisecond in tokio, often more),
+//! so on a fast key each late call would make the next later still. Instead a waiter that is
+//! behind waits here to be nudged: when a ticket of this limiter passes (or gives up its
+//! place), the ticket right after it, if it is waiting to be nudged, asks again at once. A
+//! line due within one tick then passes within that tick, and a ticket deep in the line is
+//! never woken early. The hint's timer stays armed, for calls ahead that belong to other
+//! processes.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::Notify;
+
+/// The tickets of this limiter's waiters by id (ids grow in the order tickets are issued):
+/// `Some` for those waiting to be nudged, `None` for those sleeping until they are due.
+#[derive(Debug, Default)]
+pub(super) struct Line {
+    tickets: Mutex<BTreeMap<u64, Option<Arc<Notify>>>>,
+}
+
+impl Line {
+    /// A waiter holds `ticket` and sleeps until it is due.
+    pub(super) fn join(&self, ticket: u64) {
+        self.lock().insert(ticket, None);
+    }
+
+    /// The waiter of `ticket` is behind: `nudge` is notified when the ticket ahead of it
+    /// passes.
+    pub(super) fn stand(&self, ticket: u64, nudge: &Arc<Notify>) {
+        self.lock().insert(ticket, Some(Arc::clone(nudge)));
+    }
+
+    /// The waiter of `ticket` woke (and asks again).
+    pub(super) fn sit(&self, ticket: u64) {
+        if let Some(entry) = self.lock().get_mut(&ticket) {
+            *entry = None;
+        }
+    }
+
+    /// If a ticket of this limiter is ahead of `ticket`, waits for its nudge (as
+    /// [`stand`](Line::stand)) and answers true; else changes nothing. One step, so that the
+    /// ticket ahead can't pass unseen in between.
+    pub(super) fn stand_if_behind(&self, ticket: u64, nudge: &Arc<Notify>) -> bool {
+        let mut tickets = self.lock();
+        if tickets.range(..ticket).next().is_none() {
+            return false;
+        }
+        tickets.insert(ticket, Some(Arc::clone(nudge)));
+        true
+    }
+
+    /// Whether a ticket of this limiter is ahead of `ticket`.
+    pub(super) fn has_ahead(&self, ticket: u64) -> bool {
+        self.lock().range(..ticket).next().is_some()
+    }
+
+    /// Ticket `ticket` passed or gave up its place: the ticket right after it asks again, if
+    /// it was waiting to be nudged.
+    pub(super) fn moved(&self, ticket: u64) {
+        let next = {
+            let mut tickets = self.lock();
+            tickets.remove(&ticket);
+            tickets
+                .range_mut(ticket.saturating_add(1)..)
+                .next()
+                .and_then(|(_, nudge)| nudge.take())
+        };
+        if let Some(nudge) = next {
+            nudge.notify_one();
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Option<Arc<Notify>>>> {
+        // The map is consistent between statements; a panic elsewhere leaves it usable.
+        self.tickets.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn nudged(n: &Arc<Notify>) -> bool {
+        tokio::time::timeout(std::time::Duration::ZERO, n.notified())
+            .await
+            .is_ok()
+    }
+
+    #[tokio::test]
+    async fn only_the_ticket_right_behind_a_moved_one_is_nudged() {
+        let line = Line::default();
+        let (a, b, c) = (
+            Arc::new(Notify::new()),
+            Arc::new(Notify::new()),
+            Arc::new(Notify::new()),
+        );
+        line.join(3);
+        line.stand(5, &a);
+        assert!(line.has_ahead(5));
+        assert!(!line.has_ahead(3));
+        assert!(!line.stand_if_behind(3, &c));
+        line.join(7);
+        line.stand(9, &b);
+        // Ticket 3 passing nudges 5, right behind it.
+        line.moved(3);
+        assert!(nudged(&a).await);
+        line.sit(5);
+        // Ticket 5 passing reaches 7, which sleeps until due: 9, behind 7, is not woken early.
+        line.moved(5);
+        assert!(!nudged(&b).await);
+        line.moved(7);
+        assert!(nudged(&b).await);
+        // A ticket given up nudges the one behind it too; a waiter that sat down is not.
+        line.stand(11, &c);
+        line.sit(11);
+        line.moved(9);
+        assert!(!nudged(&c).await);
+        line.moved(11);
+        line.moved(u64::MAX);
+        assert!(line.lock().is_empty());
+    }
+}
