@@ -1,7 +1,7 @@
 //! A Redis store that records the server time of every admission: how the multi-process test
 //! and the workers example check the window bound on Redis's own clock.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use tollgate::store::redis::{RedisKey, RedisStore};
 use tollgate::store::{Op, Outcome};
@@ -9,18 +9,25 @@ use tollgate::{Error, Limits, Store, testing};
 
 pub struct Recording {
     store: RedisStore,
-    admitted_at: Mutex<Vec<u64>>,
+    admitted_at: Arc<Mutex<Vec<u64>>>,
 }
 
 impl Recording {
     pub fn new(store: RedisStore) -> Recording {
         Recording {
             store,
-            admitted_at: Mutex::new(Vec::new()),
+            admitted_at: Arc::new(Mutex::new(Vec::new())),
         }
     }
 
+    /// Where the server times are recorded, to read after the store has moved into a limiter.
+    #[allow(dead_code)] // not every user of this file reads it this way
+    pub fn log(&self) -> Arc<Mutex<Vec<u64>>> {
+        Arc::clone(&self.admitted_at)
+    }
+
     /// The server times (ms) of the admissions so far.
+    #[allow(dead_code)] // not every user of this file reads it this way
     pub fn admitted_at(&self) -> Vec<u64> {
         self.admitted_at
             .lock()
