@@ -2,11 +2,12 @@
 //!
 //! A waiter never wakes before its tokens can exist: every sleep after a failed attempt is the
 //! hint plus a random jitter. The jitter's ceiling starts at `base` and doubles each time the
-//! waiter wakes and still can't pass (a call ahead was late, a penalty came in, another process
-//! took the tokens), up to `cap`. Jitter spreads waiters that would otherwise wake at the same
-//! instant and race for the same tokens. The first sleep, to a ticket's due time, has none:
-//! every waiter has a due time of its own, so there is no herd to spread, and jitter there
-//! would only cost throughput.
+//! waiter, first in line, wakes and still can't pass (a settlement went into debt, a
+//! provider's header lowered the count, another process took the tokens, a pause holds the
+//! key), up to `cap`. Jitter spreads waiters that would otherwise wake at the same instant and
+//! race for the same tokens. A sleep to a ticket's due time has none, nor does the first retry
+//! after a hint, nor a wait behind a late call ahead: each of those waiters has a time of its
+//! own, so there is no herd to spread, and jitter there would only cost throughput.
 
 use std::time::Duration;
 

@@ -86,11 +86,17 @@
 //!   at once only if the key can pay for it on top of every waiting ticket: no later call
 //!   delays an earlier one, and a large call is never starved by a stream of small ones.
 //! - **The sleep.** A waiter sleeps until it is due, then asks once. If the calls ahead paid on
-//!   time it passes; if not (one was late, a 429 paused the key, another process took the
-//!   tokens), the store answers with the exact time until it could pass (the *hint*), and the
-//!   waiter sleeps that plus a jitter whose ceiling starts at 5 ms and doubles each time, up to
-//!   1 s ([`Backoff`]). The first sleep has no jitter: every waiter has its own due time, so
-//!   there is no herd to spread, and jitter there would only cost throughput.
+//!   time it passes. If one of them is still waiting (it woke a little late), the store says
+//!   so ([`store::Outcome::Behind`]): nothing failed, and the waiter waits for that call to
+//!   pass, which nudges it at once when both are in this process (a line due within one timer
+//!   tick passes within that tick), or sleeps the store's hint when the call ahead is another
+//!   process's. If it is first in line and still can't pass, the store answers with the exact
+//!   time until it could (the *hint*): the first such retry sleeps exactly that, ending with a
+//!   few milliseconds of yielding rather than a timer tick late (a small burst can't absorb
+//!   the lateness); every later one sleeps the hint plus a jitter whose ceiling starts at 5 ms
+//!   and doubles each time, up to 1 s ([`Backoff`]). Sleeps to a due time carry no jitter:
+//!   every waiter has its own due time, so there is no herd to spread, and jitter there would
+//!   only cost throughput (301 calls on `100/s burst 1` paced at 72.6% with it, 99.8% without).
 //! - **The deadline.** When the turn would come after the call's deadline, the answer is
 //!   [`Error::Timeout`] at once, with the time it would have needed; no call returns later than
 //!   its deadline, store calls included. [`WaitPolicy`] sets the deadline (60 s) and how many
