@@ -3,8 +3,9 @@
 //! Every answer from the store is a sign of life; every "unavailable" is published to every
 //! call sleeping on the limiter, which then fails at once instead of learning it one by one at
 //! its own turn. While calls sleep and nothing else talks to the store, a watchdog asks it
-//! once nothing has answered for two [`Store::health_interval`]s, so that a server that died or
-//! stopped is noticed within about one store timeout even when nobody is due.
+//! once nothing has answered for two [`Store::health_interval`]s and no waiter is about to ask,
+//! so that a server that died or stopped is noticed within about one store timeout even when
+//! nobody is due.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -106,9 +107,11 @@ impl<S: Store> Limiter<S> {
                         return;
                     }
                 }
-                // Quiet for two ticks: ask. A server that died or stopped is then noticed within
-                // three ticks and one store timeout.
-                if health.heard_within(2 * interval) {
+                // Quiet for two ticks, and no waiter about to ask: ask. A server that died or
+                // stopped is then noticed within three ticks and one store timeout.
+                if health.heard_within(2 * interval)
+                    || inner.line.asks_within(Instant::now(), 2 * interval)
+                {
                     continue;
                 }
                 let result = inner.store.apply(&inner.bound, Op::Ping).await;

@@ -15,30 +15,55 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
-/// The tickets of this limiter's waiters by id (ids grow in the order tickets are issued):
-/// `Some` for those waiting to be nudged, `None` for those sleeping until they are due.
+/// The tickets of this limiter's waiters by id (ids grow in the order tickets are issued).
 #[derive(Debug, Default)]
 pub(super) struct Line {
-    tickets: Mutex<BTreeMap<u64, Option<Arc<Notify>>>>,
+    tickets: Mutex<BTreeMap<u64, Place>>,
+}
+
+/// One waiter's place.
+#[derive(Debug, Default)]
+struct Place {
+    /// Set while it waits to be nudged; `None` while it sleeps until it is due.
+    nudge: Option<Arc<Notify>>,
+    /// When it will next ask the store (at the latest).
+    wake: Option<Instant>,
 }
 
 impl Line {
     /// A waiter holds `ticket` and sleeps until it is due.
     pub(super) fn join(&self, ticket: u64) {
-        self.lock().insert(ticket, None);
+        self.lock().insert(ticket, Place::default());
+    }
+
+    /// The waiter of `ticket` will ask the store again at `wake` at the latest.
+    pub(super) fn wakes_at(&self, ticket: u64, wake: Instant) {
+        if let Some(place) = self.lock().get_mut(&ticket) {
+            place.wake = Some(wake);
+        }
+    }
+
+    /// Whether some waiter will ask the store between `now` and `now + within`: its question
+    /// is then the sign of life the health watchdog would otherwise ask for.
+    pub(super) fn asks_within(&self, now: Instant, within: std::time::Duration) -> bool {
+        self.lock()
+            .values()
+            .filter_map(|place| place.wake)
+            .any(|wake| wake >= now && wake.saturating_duration_since(now) < within)
     }
 
     /// The waiter of `ticket` is behind: `nudge` is notified when the ticket ahead of it
     /// passes.
     pub(super) fn stand(&self, ticket: u64, nudge: &Arc<Notify>) {
-        self.lock().insert(ticket, Some(Arc::clone(nudge)));
+        self.lock().entry(ticket).or_default().nudge = Some(Arc::clone(nudge));
     }
 
     /// The waiter of `ticket` woke (and asks again).
     pub(super) fn sit(&self, ticket: u64) {
-        if let Some(entry) = self.lock().get_mut(&ticket) {
-            *entry = None;
+        if let Some(place) = self.lock().get_mut(&ticket) {
+            place.nudge = None;
         }
     }
 
@@ -50,7 +75,7 @@ impl Line {
         if tickets.range(..ticket).next().is_none() {
             return false;
         }
-        tickets.insert(ticket, Some(Arc::clone(nudge)));
+        tickets.entry(ticket).or_default().nudge = Some(Arc::clone(nudge));
         true
     }
 
@@ -68,14 +93,14 @@ impl Line {
             tickets
                 .range_mut(ticket.saturating_add(1)..)
                 .next()
-                .and_then(|(_, nudge)| nudge.take())
+                .and_then(|(_, place)| place.nudge.take())
         };
         if let Some(nudge) = next {
             nudge.notify_one();
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Option<Arc<Notify>>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Place>> {
         // The map is consistent between statements; a panic elsewhere leaves it usable.
         self.tickets.lock().unwrap_or_else(PoisonError::into_inner)
     }

@@ -363,6 +363,7 @@ impl<S: Store> Limiter<S> {
                 (None, Some(d)) => d,
                 (None, None) => Instant::now() + Duration::from_secs(86_400 * 365),
             };
+            self.inner.line.wakes_at(ticket.id(), wake);
             let woke = doze(wake, failures.as_mut(), behind.then_some(&*nudge), precise).await;
             match woke {
                 Err(failure) => return Err(failure),
