@@ -4,6 +4,8 @@
 
 #![cfg(feature = "redis")]
 
+#[path = "support/redis_cluster.rs"]
+mod redis_cluster;
 #[path = "support/redis_server.rs"]
 mod redis_server;
 

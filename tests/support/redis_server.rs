@@ -14,6 +14,23 @@ pub struct RedisServer {
     child: Option<Child>,
     pub port: u16,
     args: Vec<String>,
+    /// With `TOLLGATE_REDIS_CLUSTER` set, the "server" is a whole cluster (3 masters, 3
+    /// replicas), and every method acts on all of it.
+    cluster: Option<super::redis_cluster::RedisCluster>,
+}
+
+/// Whether the Redis tests run against a cluster (`TOLLGATE_REDIS_CLUSTER` set).
+pub fn cluster_mode() -> bool {
+    std::env::var_os("TOLLGATE_REDIS_CLUSTER").is_some()
+}
+
+/// In cluster mode, says why a test that is about one server does not run there, and answers
+/// true.
+pub fn single_server_only(reason: &str) -> bool {
+    if cluster_mode() {
+        eprintln!("SKIPPED in cluster mode: {reason}");
+    }
+    cluster_mode()
 }
 
 pub fn free_port() -> u16 {
@@ -51,10 +68,20 @@ impl RedisServer {
             );
             return None;
         }
+        if cluster_mode() {
+            let cluster = super::redis_cluster::RedisCluster::start_with(extra)?;
+            return Some(RedisServer {
+                child: None,
+                port: cluster.nodes[0].port,
+                args: extra.iter().map(|s| s.to_string()).collect(),
+                cluster: Some(cluster),
+            });
+        }
         let mut server = RedisServer {
             child: None,
             port: free_port(),
             args: extra.iter().map(|s| s.to_string()).collect(),
+            cluster: None,
         };
         server.launch();
         Some(server)
@@ -105,11 +132,18 @@ impl RedisServer {
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        match &self.cluster {
+            Some(cluster) => cluster.url(),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
     }
 
     /// Kills the server at once, without letting it save or say goodbye.
     pub fn kill(&mut self) {
+        if let Some(cluster) = &mut self.cluster {
+            cluster.kill_all();
+            return;
+        }
         if let Some(mut child) = self.child.take() {
             // A stopped process can't die until it runs again.
             let _ = Command::new("kill")
@@ -132,6 +166,10 @@ impl RedisServer {
     }
 
     fn signal(&self, signal: &str) {
+        if let Some(cluster) = &self.cluster {
+            cluster.signal_all(signal);
+            return;
+        }
         if let Some(child) = &self.child {
             let status = Command::new("kill")
                 .args([signal, &child.id().to_string()])
@@ -143,25 +181,42 @@ impl RedisServer {
 
     /// Starts it again on the same port (empty: nothing was saved).
     pub fn restart(&mut self) {
+        if let Some(cluster) = &mut self.cluster {
+            cluster.restart_all();
+            return;
+        }
         self.kill();
         self.launch();
     }
 
-    /// Runs a command with `redis-cli`-free plain RESP and returns the raw reply.
+    /// Runs a command with `redis-cli`-free plain RESP and returns the raw reply (in cluster
+    /// mode, the replies of every master, one after another).
     pub fn command(&self, args: &[&str]) -> String {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).expect("connects");
-        stream
-            .set_read_timeout(Some(Duration::from_secs(2)))
-            .unwrap();
-        let mut request = format!("*{}\r\n", args.len());
-        for arg in args {
-            request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+        match &self.cluster {
+            Some(cluster) => cluster
+                .masters()
+                .into_iter()
+                .map(|port| resp(port, args))
+                .collect(),
+            None => resp(self.port, args),
         }
-        stream.write_all(request.as_bytes()).unwrap();
-        let mut reply = [0u8; 4096];
-        let n = stream.read(&mut reply).unwrap_or(0);
-        String::from_utf8_lossy(&reply[..n]).into_owned()
     }
+}
+
+/// One command to the server on `port`, in plain RESP; the raw reply.
+pub fn resp(port: u16, args: &[&str]) -> String {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connects");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let mut request = format!("*{}\r\n", args.len());
+    for arg in args {
+        request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+    }
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut reply = [0u8; 4096];
+    let n = stream.read(&mut reply).unwrap_or(0);
+    String::from_utf8_lossy(&reply[..n]).into_owned()
 }
 
 impl Drop for RedisServer {

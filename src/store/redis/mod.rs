@@ -53,8 +53,11 @@ use crate::error::{Cause, Error};
 use crate::rate::Limits;
 use crate::store::{Op, Outcome, Store, Ticket};
 
+mod connection;
 mod script;
 mod url;
+
+use connection::Connection;
 
 use script::{Reply, Scaled};
 use url::Shown;
@@ -174,7 +177,7 @@ pub struct RedisStore {
 }
 
 struct Inner {
-    connection: ConnectionManager,
+    connection: Connection,
     script: Script,
     config: RedisConfig,
     /// The URL without secrets, and the secrets to scrub from anything that may echo it.
@@ -270,8 +273,71 @@ impl RedisStore {
     }
 
     /// Connects with `config`, checking that the server answers within its timeout.
+    ///
+    /// A `redis+cluster://` (or `rediss+cluster://`) address names a Redis Cluster by some of
+    /// its nodes: `redis+cluster://[user:password@]host:port,host:port[/?query]`, the same as
+    /// [`connect_cluster_with`](RedisStore::connect_cluster_with) with `redis://` URLs.
     pub async fn connect_with(url: &str, config: RedisConfig) -> Result<RedisStore, Error> {
+        if let Some(nodes) = connection::cluster_nodes(url) {
+            return RedisStore::connect_cluster_with(&nodes, config).await;
+        }
         let store = RedisStore::lazy(url, config)?;
+        store.load_script().await?;
+        Ok(store)
+    }
+
+    /// Connects to a Redis Cluster through any of `nodes` (URLs of some of its nodes, like
+    /// `redis://10.0.0.1:7000`), with the default [`RedisConfig`].
+    ///
+    /// Each key's state lives in one slot (its hash and queue share a hash tag), and different
+    /// keys spread over the slots. See the [module docs](self#redis-cluster) for what a
+    /// failover means for the limits.
+    pub async fn connect_cluster<U: AsRef<str>>(nodes: &[U]) -> Result<RedisStore, Error> {
+        RedisStore::connect_cluster_with(nodes, RedisConfig::default()).await
+    }
+
+    /// Connects to a Redis Cluster through any of `nodes`, with `config`, checking that the
+    /// cluster answers within its timeout.
+    pub async fn connect_cluster_with<U: AsRef<str>>(
+        nodes: &[U],
+        config: RedisConfig,
+    ) -> Result<RedisStore, Error> {
+        let nodes: Vec<String> = nodes.iter().map(|n| n.as_ref().to_owned()).collect();
+        let shown = Shown::all(&nodes);
+        if nodes.is_empty() {
+            return Err(Error::store(
+                "a Redis Cluster needs at least one node's URL",
+                None,
+            ));
+        }
+        let client = cluster_client(&nodes, &config).map_err(|reason| {
+            Error::store(
+                format!("Redis Cluster at `{}`: {}", shown.url, shown.scrub(&reason)),
+                None,
+            )
+        })?;
+        let connection =
+            match tokio::time::timeout(config.timeout, client.get_async_connection()).await {
+                Ok(Ok(connection)) => connection,
+                Ok(Err(e)) => return Err(fail(&shown, "could not connect", e)),
+                Err(_) => {
+                    return Err(Error::unavailable(
+                        format!(
+                            "Redis Cluster at `{}`: connecting timed out: no answer within {:?}",
+                            shown.url, config.timeout
+                        ),
+                        None,
+                    ));
+                }
+            };
+        let store = RedisStore {
+            inner: Arc::new(Inner {
+                connection: Connection::Cluster(connection),
+                script: Script::new(script::LUA),
+                config,
+                shown,
+            }),
+        };
         store.load_script().await?;
         Ok(store)
     }
@@ -295,6 +361,15 @@ impl RedisStore {
     /// Must be called inside a tokio runtime, where the connection's background task runs;
     /// outside one it is an error (not a panic).
     pub fn lazy(url: &str, config: RedisConfig) -> Result<RedisStore, Error> {
+        if let Some(nodes) = connection::cluster_nodes(url) {
+            return Err(Error::store(
+                format!(
+                    "Redis Cluster at `{}`: a cluster is reached with RedisStore::connect, which learns its slots",
+                    Shown::all(&nodes).url
+                ),
+                None,
+            ));
+        }
         let shown = Shown::new(url);
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(Error::store(
@@ -320,7 +395,7 @@ impl RedisStore {
             .map_err(|e| fail(&shown, "could not set up the connection", e))?;
         Ok(RedisStore {
             inner: Arc::new(Inner {
-                connection,
+                connection: Connection::Single(connection),
                 script: Script::new(script::LUA),
                 config,
                 shown,
@@ -512,6 +587,40 @@ fn open_client(url: &str, config: &RedisConfig) -> Result<redis::Client, String>
         return Err("TLS (rediss:// or a CA file) needs tollgate's `redis-tls` feature".to_owned());
     }
     redis::Client::open(url).map_err(|e| format!("invalid Redis URL: {e}"))
+}
+
+/// A cluster client for `nodes`: each call bounded by the store's timeout, redirects and a
+/// failover's refusals retried a few times within it.
+fn cluster_client(
+    nodes: &[String],
+    config: &RedisConfig,
+) -> Result<redis::cluster::ClusterClient, String> {
+    #[cfg(not(feature = "redis-tls"))]
+    if config.tls_ca_file.is_some() || nodes.iter().any(|n| n.starts_with("rediss://")) {
+        return Err("TLS (rediss:// or a CA file) needs tollgate's `redis-tls` feature".to_owned());
+    }
+    #[allow(unused_mut)] // with TLS a CA may be added
+    let mut builder = redis::cluster::ClusterClient::builder(nodes.to_vec())
+        .connection_timeout(config.timeout)
+        .response_timeout(config.timeout)
+        .retries(3)
+        .min_retry_wait(10)
+        .max_retry_wait(200);
+    #[cfg(feature = "redis-tls")]
+    {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        if let Some(path) = &config.tls_ca_file {
+            let pem = std::fs::read(path)
+                .map_err(|e| format!("could not read the CA file `{}`: {e}", path.display()))?;
+            builder = builder.certs(redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem),
+            });
+        }
+    }
+    builder
+        .build()
+        .map_err(|e| format!("invalid Redis Cluster URLs: {e}"))
 }
 
 impl Store for RedisStore {

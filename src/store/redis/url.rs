@@ -140,6 +140,17 @@ impl Shown {
 
     /// For a URL that can't be read: the whole text, what follows the scheme, and every piece
     /// between delimiters, since any of them could be the password.
+    /// Several URLs (a cluster's seed nodes), shown together.
+    pub(crate) fn all(raws: &[String]) -> Shown {
+        let parts: Vec<Shown> = raws.iter().map(|raw| Shown::new(raw)).collect();
+        let url = parts
+            .iter()
+            .map(|p| p.url.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        Shown::scrubbing(url, parts.into_iter().flat_map(|p| p.secrets).collect())
+    }
+
     fn pieces(raw: &str) -> Vec<String> {
         let mut secrets = vec![raw.to_owned()];
         let rest = raw.split_once("://").map_or(raw, |(_, rest)| rest);
