@@ -160,24 +160,35 @@ fn script_decides_like_the_memory_store_on_the_same_trace() {
     let Some(server) = RedisServer::start() else {
         return;
     };
+    // (requests, tokens, output tokens)
     let configs = [
-        ("5/s burst 10", "1000/m"),
-        ("3/7s", "100/s burst 250; 2000/h"),
-        ("60/m; 1000/d", "7/s burst 20"),
-        ("1/s", ""),
-        ("", "100000/m"),
+        ("5/s burst 10", "1000/m", ""),
+        ("3/7s", "100/s burst 250; 2000/h", ""),
+        ("60/m; 1000/d", "7/s burst 20", ""),
+        ("1/s", "", ""),
+        ("", "100000/m", ""),
+        ("5/s burst 10", "1000/m", "200/s burst 400; 9000/h"),
+        ("", "30000/m", "8000/m"),
     ];
     runtime().block_on(async {
         let redis = connect(&server).await;
         let mut rng = Lcg(7);
-        for (n, (requests, token_rates)) in configs.iter().enumerate() {
-            let limits = Limits::parse(requests, token_rates).unwrap();
+        for (n, (requests, token_rates, output_rates)) in configs.iter().enumerate() {
+            let output: tollgate::Rates = if output_rates.is_empty() {
+                tollgate::Rates::default()
+            } else {
+                output_rates.parse().unwrap()
+            };
+            let limits = Limits::parse(requests, token_rates)
+                .unwrap()
+                .with_output_tokens(output);
             let clock = ManualClock::new();
             let memory = MemoryStore::with_clock(clock.clone());
             let key = format!("trace-{n}");
             let mut now_ms = 0u64;
             let max_tokens = limits.tokens().capacity().unwrap_or(0);
             let max_requests = limits.requests().capacity().unwrap_or(1).min(3);
+            let max_output = limits.output_tokens().capacity().unwrap_or(0);
             for step in 0..300 {
                 if rng.next(2) == 0 {
                     now_ms += rng.next(1500);
@@ -189,7 +200,12 @@ fn script_decides_like_the_memory_store_on_the_same_trace() {
                     } else {
                         0
                     },
-                );
+                )
+                .with_output_tokens(if max_output > 0 {
+                    rng.next(max_output + 1)
+                } else {
+                    0
+                });
                 clock.set(Duration::from_millis(now_ms)).unwrap();
                 let expected = try_now(&memory, &key, &limits, cost).unwrap();
                 let (got, _) = try_at(&redis, &key, &limits, cost, Some(now_ms))
