@@ -33,6 +33,21 @@
 //! window, rather than decided approximately. The script checks every argument again, so no
 //! client can make it compute outside that range or loop on a value.
 //!
+//! # Redis Cluster
+//!
+//! [`RedisStore::connect_cluster`] (or a `redis+cluster://host:port,host:port` address to
+//! [`RedisStore::connect`]) reaches a cluster through any of its nodes. A key's hash and queue
+//! share one hash tag, so each key lives in one slot, on one master, and different keys
+//! spread over the masters. When a master fails, calls on its keys fail closed
+//! ([`Error::Unavailable`], within the timeout) until a replica is promoted, then go on.
+//!
+//! A failover can go back in time. Replication is asynchronous: a promoted replica holds a
+//! key's state as of the last write it received, so charges made on the old master and not
+//! yet replicated are forgotten, and that many calls may pass again: at most what the key
+//! admitted during the replica's lag (one burst plus the lag's refill). Tickets issued in that
+//! lag are forgotten too; their holders hear that they lost their place and queue again.
+//! Redis's `min-replicas-to-write` and `min-replicas-max-lag` narrow the window.
+//!
 //! # Failure
 //!
 //! Every call is bounded by the configured timeout: when Redis is down or stopped, the answer
