@@ -13,10 +13,12 @@
 //!
 //! It takes about a minute: 8,000 tokens of `10000/m` are 48 s of refill.
 
+#[path = "support/own_redis.rs"]
+mod own_redis;
+
 use std::collections::HashMap;
 use std::io::Write as _;
-use std::net::TcpListener;
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::{Command, ExitCode, Stdio};
 use std::time::Duration;
 
 use tollgate::store::redis::{RedisKey, RedisStore};
@@ -113,30 +115,6 @@ async fn big(url: &str, key: &str) -> Result<(), Box<dyn std::error::Error>> {
     let limiter = limiter(url, key).await?;
     limiter.acquire_timeout(Cost::new(1, BIG), None).await?;
     Ok(())
-}
-
-fn start_redis() -> Result<(Child, String), String> {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| e.to_string())?
-        .port();
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .map_err(|e| {
-            format!("could not start redis-server ({e}); install it or pass --redis URL")
-        })?;
-    Ok((child, format!("redis://127.0.0.1:{port}")))
 }
 
 /// One call as a process printed it.
@@ -244,31 +222,16 @@ async fn main() -> ExitCode {
             }
         };
     }
-    let mut own = None;
-    let url = match url {
-        Some(url) => url,
-        None => match start_redis() {
-            Ok((child, url)) => {
-                own = Some(child);
-                for _ in 0..200 {
-                    if RedisStore::connect(&url).await.is_ok() {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(25)).await;
-                }
-                url
-            }
-            Err(err) => {
-                eprintln!("starvation: {err}");
-                return ExitCode::FAILURE;
-            }
-        },
+    let (url, own) = match own_redis::given_or_own(url).await {
+        Ok(found) => found,
+        Err(err) => {
+            eprintln!("starvation: {err}");
+            return ExitCode::FAILURE;
+        }
     };
+
     let result = run(&url).await;
-    if let Some(mut child) = own {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
+    drop(own);
     match result {
         Ok(line) => {
             println!("{line}");

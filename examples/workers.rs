@@ -14,12 +14,12 @@
 //! over every interval between admissions, across all the processes, on the server's clock,
 //! and counts the Redis commands the run cost (from `INFO commandstats`) per admitted call.
 
+#[path = "support/own_redis.rs"]
+mod own_redis;
 #[path = "../tests/support/recording.rs"]
 mod recording;
 
-use std::net::TcpListener;
-use std::process::{Child, Command, ExitCode, Stdio};
-use std::time::Duration;
+use std::process::{Command, ExitCode, Stdio};
 
 use tollgate::store::redis::RedisStore;
 use tollgate::{Cost, Limiter, Limits};
@@ -166,31 +166,6 @@ async fn commands_run(url: &str) -> Result<u64, Box<dyn std::error::Error>> {
         .sum())
 }
 
-/// A redis-server of our own on a free port, for when no URL is given.
-fn start_redis() -> Result<(Child, String), String> {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| e.to_string())?
-        .port();
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .map_err(|e| {
-            format!("could not start redis-server ({e}); install it or pass --redis URL")
-        })?;
-    Ok((child, format!("redis://127.0.0.1:{port}")))
-}
-
 /// The interval where admissions most exceed `B + r·dt` (times in ms, exact), if any.
 fn worst_window(times: &[u64], (per_sec, burst): (u64, u64)) -> Option<(u64, u64, u64)> {
     let mut worst = None;
@@ -233,27 +208,14 @@ async fn main() -> ExitCode {
         };
     }
 
-    let mut own_server = None;
-    let url = match args.redis.clone() {
-        Some(url) => url,
-        None => match start_redis() {
-            Ok((child, url)) => {
-                own_server = Some(child);
-                // Wait until it answers (a process starting, not a measurement).
-                for _ in 0..200 {
-                    if RedisStore::connect(&url).await.is_ok() {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(25)).await;
-                }
-                url
-            }
-            Err(err) => {
-                eprintln!("workers: {err}");
-                return ExitCode::FAILURE;
-            }
-        },
+    let (url, own_server) = match own_redis::given_or_own(args.redis.clone()).await {
+        Ok(found) => found,
+        Err(err) => {
+            eprintln!("workers: {err}");
+            return ExitCode::FAILURE;
+        }
     };
+
     let key = format!("workers-demo-{}", std::process::id());
     let exe = match std::env::current_exe() {
         Ok(exe) => exe,
@@ -315,10 +277,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if let Some(mut child) = own_server {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
+    drop(own_server);
     times.sort_unstable();
     let calls = times.len() as u64;
     let (per_sec, burst) = args.rate();
