@@ -140,6 +140,9 @@ mod config;
 mod cost;
 mod counting;
 mod error;
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub mod http;
 mod limiter;
 mod macro_support;
 mod rate;

@@ -64,6 +64,63 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     })
 }
 
+/// How long from `now` until an RFC 3339 time (`2026-12-01T22:05:00Z`,
+/// `2026-12-01T23:05:00.25+01:00`), as Anthropic writes its resets: zero for a time in the
+/// past, at most [`MAX_RETRY_AFTER`], `None` for anything else.
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
+pub(crate) fn until_rfc3339(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    let (date, time) = value.split_once(['T', 't', ' '])?;
+    let mut parts = date.splitn(3, '-');
+    let year = year(parts.next()?)?;
+    let month = two_digits(parts.next()?).filter(|m| (1..=12).contains(m))?;
+    let day = two_digits(parts.next()?)?;
+    // The offset: Z, or +hh:mm / -hh:mm.
+    let (clock_text, offset) = if let Some(clock_text) = time.strip_suffix(['Z', 'z']) {
+        (clock_text, 0i128)
+    } else {
+        let at = time.rfind(['+', '-'])?;
+        let (clock_text, offset) = time.split_at(at);
+        let sign = if offset.starts_with('-') { -1 } else { 1 };
+        let (h, m) = offset[1..].split_once(':')?;
+        let (h, m) = (two_digits(h)?, two_digits(m)?);
+        if h > 23 || m > 59 {
+            return None;
+        }
+        (clock_text, sign * i128::from(h * 3_600 + m * 60))
+    };
+    let (whole, fraction) = clock_text.split_once('.').unwrap_or((clock_text, ""));
+    if !fraction.bytes().all(|b| b.is_ascii_digit())
+        || (clock_text.contains('.') && fraction.is_empty())
+    {
+        return None;
+    }
+    let at = instant(year, month, day, clock(whole)?)? - offset;
+    // Nanoseconds of the fraction, rounded up (a reset is never read as earlier than it is).
+    let digits = &fraction[..fraction.len().min(9)];
+    let mut nanos: u32 = if digits.is_empty() {
+        0
+    } else {
+        digits.parse::<u32>().ok()? * 10u32.pow(9 - digits.len() as u32)
+    };
+    if fraction.len() > 9 && fraction[9..].bytes().any(|b| b != b'0') {
+        nanos += 1;
+    }
+    let now = match now.duration_since(UNIX_EPOCH) {
+        Ok(after) => i128::try_from(after.as_nanos()).ok()?,
+        Err(before) => -i128::try_from(before.duration().as_nanos()).ok()?,
+    };
+    let ahead = at
+        .saturating_mul(1_000_000_000)
+        .saturating_add(i128::from(nanos))
+        .saturating_sub(now);
+    Some(match u64::try_from(ahead) {
+        Ok(nanos) => Duration::from_nanos(nanos).min(MAX_RETRY_AFTER),
+        Err(_) if ahead < 0 => Duration::ZERO,
+        Err(_) => MAX_RETRY_AFTER,
+    })
+}
+
 /// `30`, `1.5`, `.5`: whole seconds and a fraction, rounded up to the nanosecond (never shorter
 /// than asked), clamped to the maximum.
 fn parse_seconds(value: &str) -> Option<Duration> {
@@ -246,6 +303,39 @@ fn current_year() -> i128 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rfc3339_times_are_read_with_offsets_and_fractions() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_445_412_470); // 2015-10-21T07:27:50Z
+        let read = |text| until_rfc3339(text, now);
+        assert_eq!(read("2015-10-21T07:28:00Z"), Some(Duration::from_secs(10)));
+        assert_eq!(
+            read("2015-10-21T08:28:00+01:00"),
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(
+            read("2015-10-21T06:28:00.5-01:00"),
+            Some(Duration::from_millis(10_500))
+        );
+        assert_eq!(
+            read("2015-10-21T07:27:50.0000000001Z"),
+            Some(Duration::from_nanos(1))
+        );
+        assert_eq!(read("1969-01-01T00:00:00Z"), Some(Duration::ZERO));
+        assert_eq!(read("9999999-01-01T00:00:00Z"), Some(MAX_RETRY_AFTER));
+        for bad in [
+            "2015-02-31T00:00:00Z",
+            "2015-10-21T07:28:00",
+            "2015-10-21",
+            "2015-10-21T25:00:00Z",
+            "2015-10-21T07:28:00.Z",
+            "2015-10-21T07:28:00+1:00",
+            "soon",
+            "",
+        ] {
+            assert_eq!(read(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn dates_match_known_unix_times() {

@@ -1,9 +1,15 @@
 //! A stand-in for an LLM provider on 127.0.0.1: it enforces requests per period and tokens per
 //! period the way providers do (buckets that refill continuously; a call's tokens are its
-//! prompt, counted with tiktoken-rs's o200k_base as OpenAI bills chat messages, plus the
-//! `max_tokens` it reserves), and answers 429 with `Retry-After` when a call would exceed
-//! either. Also a minimal HTTP client for it. Shared by `tests/provider.rs` and
-//! `examples/provider.rs`.
+//! input, counted with tiktoken-rs's o200k_base, plus the `max_tokens` it reserves, charged on
+//! arrival, with the unused reservation given back when the answer is written), and answers
+//! 429 with `Retry-After` when a call would exceed any limit.
+//!
+//! It speaks OpenAI (`x-ratelimit-*` headers, `/v1/chat/completions` and `/v1/embeddings`,
+//! `prompt_tokens`/`completion_tokens`) or Anthropic (`anthropic-ratelimit-*` headers with
+//! remaining counts rounded to the thousand and RFC 3339 resets, `/v1/messages`, separate input
+//! and output limits), streams server-sent events ending with usage when asked to, can refuse
+//! every call for good (a permanent 429), and lets a neighbour spend from its quota directly
+//! ([`Provider::spend`]). Also a minimal HTTP client for it. Shared by the tests and examples.
 
 #![allow(dead_code)]
 
@@ -62,12 +68,71 @@ impl Window {
 pub struct Stats {
     pub ok: AtomicU64,
     pub refused: AtomicU64,
+    pub permanent: AtomicU64,
     pub tokens: AtomicU64,
+}
+
+/// Whose headers, bodies and usage the stand-in speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Style {
+    /// `x-ratelimit-*` headers with Go-style resets, `prompt_tokens`/`completion_tokens`, one
+    /// token limit for input plus reserved output.
+    OpenAi,
+    /// `anthropic-ratelimit-*` headers (remaining rounded to the thousand, RFC 3339 resets),
+    /// `input_tokens`/`output_tokens`, separate input and output limits.
+    Anthropic,
+}
+
+/// How the stand-in behaves.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub style: Style,
+    pub requests: u64,
+    /// OpenAI: input plus reserved output. Anthropic: input tokens.
+    pub tokens: u64,
+    /// Anthropic's output tokens per period.
+    pub output_tokens: Option<u64>,
+    pub period: Duration,
+    /// Every call is refused for good (OpenAI's `insufficient_quota`; Anthropic's spend-limit
+    /// 429, which has no `retry-after`).
+    pub permanent: bool,
+}
+
+impl Options {
+    pub fn openai(requests: u64, tokens: u64, period: Duration) -> Options {
+        Options {
+            style: Style::OpenAi,
+            requests,
+            tokens,
+            output_tokens: None,
+            period,
+            permanent: false,
+        }
+    }
+
+    pub fn anthropic(requests: u64, input: u64, output: u64, period: Duration) -> Options {
+        Options {
+            style: Style::Anthropic,
+            requests,
+            tokens: input,
+            output_tokens: Some(output),
+            period,
+            permanent: false,
+        }
+    }
+
+    pub fn permanent(self) -> Options {
+        Options {
+            permanent: true,
+            ..self
+        }
+    }
 }
 
 pub struct Provider {
     pub addr: SocketAddr,
     pub stats: Arc<Stats>,
+    state: Arc<State>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -77,9 +142,23 @@ impl Drop for Provider {
     }
 }
 
+fn o200k() -> &'static tiktoken_rs::CoreBPE {
+    static BPE: std::sync::OnceLock<tiktoken_rs::CoreBPE> = std::sync::OnceLock::new();
+    BPE.get_or_init(|| tiktoken_rs::o200k_base().expect("the o200k vocabulary"))
+}
+
+fn text_tokens(text: &str) -> u64 {
+    o200k().encode_ordinary(text).len() as u64
+}
+
 /// The tokens the provider bills for a chat body: prompt (as OpenAI counts messages) plus the
 /// output reserved by `max_tokens`.
 pub fn billed_tokens(body: &Value) -> u64 {
+    chat_prompt(body) + reserved(body)
+}
+
+/// The prompt of an OpenAI chat body, as `num_tokens_from_messages` counts it.
+pub fn chat_prompt(body: &Value) -> u64 {
     let messages: Vec<tiktoken_rs::ChatCompletionRequestMessage> = body["messages"]
         .as_array()
         .map(|messages| {
@@ -94,84 +173,382 @@ pub fn billed_tokens(body: &Value) -> u64 {
                 .collect()
         })
         .unwrap_or_default();
-    let prompt = tiktoken_rs::num_tokens_from_messages("gpt-4o", &messages).unwrap_or(0) as u64;
-    prompt + body["max_tokens"].as_u64().unwrap_or(0)
+    tiktoken_rs::num_tokens_from_messages("gpt-4o", &messages).unwrap_or(0) as u64
+}
+
+/// The input of an embeddings body: a string or a list of strings.
+pub fn embedding_input(body: &Value) -> u64 {
+    match &body["input"] {
+        Value::String(text) => text_tokens(text),
+        Value::Array(items) => items
+            .iter()
+            .filter_map(Value::as_str)
+            .map(text_tokens)
+            .sum(),
+        _ => 0,
+    }
+}
+
+/// The input of an Anthropic messages body, counted the stand-in's own way: the text of the
+/// system prompt and of every message, plus 3 per message.
+pub fn anthropic_input(body: &Value) -> u64 {
+    fn text_of(value: &Value) -> u64 {
+        match value {
+            Value::String(text) => text_tokens(text),
+            Value::Array(blocks) => blocks.iter().map(|b| text_of(&b["text"])).sum(),
+            _ => 0,
+        }
+    }
+    let messages = body["messages"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    text_of(&body["system"])
+        + messages
+            .iter()
+            .map(|m| 3 + text_of(&m["content"]))
+            .sum::<u64>()
+}
+
+fn reserved(body: &Value) -> u64 {
+    body["max_tokens"].as_u64().unwrap_or(0) * body["n"].as_u64().unwrap_or(1)
+}
+
+/// What the model "writes": a few tokens, never more than reserved.
+fn completion(prompt: u64, reserved: u64) -> u64 {
+    reserved.min(10 + prompt % 40)
+}
+
+struct State {
+    options: Options,
+    windows: Mutex<Windows>,
+}
+
+struct Windows {
+    requests: Window,
+    tokens: Window,
+    output: Option<Window>,
 }
 
 impl Provider {
-    /// Starts enforcing `requests` and `tokens` per `period`, both starting full.
+    /// Starts enforcing `requests` and `tokens` per `period`, both starting full, OpenAI-style.
     pub async fn start(requests: u64, tokens: u64, period: Duration) -> Provider {
+        Provider::start_with(Options::openai(requests, tokens, period)).await
+    }
+
+    /// Starts a stand-in with these options, every window full.
+    pub async fn start_with(options: Options) -> Provider {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("a loopback port");
         let addr = listener.local_addr().unwrap();
         let now = Instant::now();
-        let windows = Arc::new(Mutex::new((
-            Window::new(requests, period, now),
-            Window::new(tokens, period, now),
-        )));
+        let state = Arc::new(State {
+            windows: Mutex::new(Windows {
+                requests: Window::new(options.requests, options.period, now),
+                tokens: Window::new(options.tokens, options.period, now),
+                output: options
+                    .output_tokens
+                    .map(|o| Window::new(o, options.period, now)),
+            }),
+            options,
+        });
         let stats = Arc::new(Stats::default());
         let task = {
             let stats = Arc::clone(&stats);
+            let state = Arc::clone(&state);
             tokio::spawn(async move {
                 loop {
                     let Ok((stream, _)) = listener.accept().await else {
                         continue;
                     };
-                    let (windows, stats) = (Arc::clone(&windows), Arc::clone(&stats));
+                    let (state, stats) = (Arc::clone(&state), Arc::clone(&stats));
                     tokio::spawn(async move {
-                        let _ = serve(stream, &windows, &stats).await;
+                        let _ = serve(stream, &state, &stats).await;
                     });
                 }
             })
         };
-        Provider { addr, stats, task }
+        Provider {
+            addr,
+            stats,
+            state,
+            task,
+        }
+    }
+
+    /// The base URL, for clients that take one (`http://127.0.0.1:port/v1`).
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// What the token window holds now (whole tokens).
+    pub fn tokens_left(&self) -> u64 {
+        let mut windows = self.state.windows.lock().unwrap();
+        windows.tokens.refill(Instant::now());
+        windows.tokens.whole()
+    }
+
+    /// Spends `tokens` from the token window (and a request) as another program sharing the
+    /// quota would, without any HTTP. Answers false (spending nothing) when they don't fit.
+    pub fn spend(&self, tokens: u64) -> bool {
+        let mut windows = self.state.windows.lock().unwrap();
+        let now = Instant::now();
+        windows.requests.refill(now);
+        windows.tokens.refill(now);
+        if windows.requests.wait_for(1).is_zero() && windows.tokens.wait_for(tokens).is_zero() {
+            windows.requests.take(1);
+            windows.tokens.take(tokens);
+            true
+        } else {
+            false
+        }
     }
 }
 
-type Windows = Mutex<(Window, Window)>;
-
-async fn serve(mut stream: TcpStream, windows: &Windows, stats: &Stats) -> std::io::Result<()> {
-    let body = read_message(&mut stream).await?.1;
-    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let cost = billed_tokens(&body);
-    let verdict = {
-        let mut guard = windows.lock().unwrap();
-        let (requests, tokens) = &mut *guard;
-        let now = Instant::now();
-        requests.refill(now);
-        tokens.refill(now);
-        let wait = requests.wait_for(1).max(tokens.wait_for(cost));
-        if wait.is_zero() {
-            requests.take(1);
-            tokens.take(cost);
-        }
-        wait
-    };
-    let (status, headers, reply) = if verdict.is_zero() {
-        stats.ok.fetch_add(1, Ordering::Relaxed);
-        stats.tokens.fetch_add(cost, Ordering::Relaxed);
-        let reserved = body["max_tokens"].as_u64().unwrap_or(0);
-        let prompt = cost - reserved;
-        let completion = reserved.min(10 + prompt % 40);
-        let reply = json!({
-            "choices": [{"message": {"role": "assistant", "content": "ok"}}],
-            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-        });
-        ("200 OK", String::new(), reply)
+/// What one request costs the stand-in, by path: (input, reserved output).
+fn bill(path: &str, style: Style, body: &Value) -> (u64, u64) {
+    if path.ends_with("/embeddings") {
+        (embedding_input(body), 0)
+    } else if style == Style::Anthropic || path.ends_with("/messages") {
+        (anthropic_input(body), reserved(body))
     } else {
+        (chat_prompt(body), reserved(body))
+    }
+}
+
+/// A time `ahead` from now, as RFC 3339 in UTC (for Anthropic's resets).
+fn rfc3339_in(ahead: Duration) -> String {
+    let at = std::time::SystemTime::now() + ahead;
+    let secs = at.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rest / 3_600,
+        rest / 60 % 60,
+        rest % 60
+    )
+}
+
+impl Window {
+    fn whole(&self) -> u64 {
+        (self.level / self.period_ns) as u64
+    }
+
+    /// How long until full again.
+    fn reset(&self) -> Duration {
+        let missing = self.limit * self.period_ns - self.level;
+        Duration::from_nanos(missing.div_ceil(self.limit) as u64)
+    }
+
+    fn give(&mut self, tokens: u64) {
+        self.level =
+            (self.level + u128::from(tokens) * self.period_ns).min(self.limit * self.period_ns);
+    }
+}
+
+/// The rate-limit headers after a call was (or was not) charged.
+fn rate_headers(style: Style, windows: &Windows) -> String {
+    let mut out = String::new();
+    match style {
+        Style::OpenAi => {
+            for (word, window) in [("requests", &windows.requests), ("tokens", &windows.tokens)] {
+                out += &format!(
+                    "x-ratelimit-limit-{word}: {}\r\nx-ratelimit-remaining-{word}: {}\r\nx-ratelimit-reset-{word}: {}ms\r\n",
+                    window.limit,
+                    window.whole(),
+                    window.reset().as_millis()
+                );
+            }
+        }
+        Style::Anthropic => {
+            let mut all = vec![
+                ("requests", &windows.requests),
+                ("input-tokens", &windows.tokens),
+            ];
+            if let Some(output) = &windows.output {
+                all.push(("output-tokens", output));
+            }
+            for (word, window) in all {
+                let remaining = if word == "requests" {
+                    window.whole()
+                } else {
+                    (window.whole() + 500) / 1_000 * 1_000
+                };
+                out += &format!(
+                    "anthropic-ratelimit-{word}-limit: {}\r\nanthropic-ratelimit-{word}-remaining: {remaining}\r\nanthropic-ratelimit-{word}-reset: {}\r\n",
+                    window.limit,
+                    rfc3339_in(window.reset())
+                );
+            }
+        }
+    }
+    out
+}
+
+async fn serve(mut stream: TcpStream, state: &State, stats: &Stats) -> std::io::Result<()> {
+    let (head, body) = read_message(&mut stream).await?;
+    let path = head.split(' ').nth(1).unwrap_or("/").to_owned();
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let style = state.options.style;
+    let (input, reserved) = bill(&path, style, &body);
+    let model = body["model"].as_str().unwrap_or("model").to_owned();
+    if state.options.permanent {
+        stats.permanent.fetch_add(1, Ordering::Relaxed);
+        let reply = match style {
+            Style::OpenAi => {
+                json!({"error": {"code": "insufficient_quota", "type": "insufficient_quota", "message": "You exceeded your current quota, please check your plan and billing details."}})
+            }
+            Style::Anthropic => {
+                json!({"type": "error", "error": {"type": "rate_limit_error", "message": "You have reached your specified API usage limits."}})
+            }
+        };
+        return respond(&mut stream, "429 Too Many Requests", "", &reply.to_string()).await;
+    }
+    // Charged on arrival: the input, and the output reserved (OpenAI into the tokens,
+    // Anthropic into its output window).
+    let (token_cost, output_cost) = match style {
+        Style::OpenAi => (input + reserved, 0),
+        Style::Anthropic => (input, reserved),
+    };
+    let (wait, headers) = {
+        let mut windows = state.windows.lock().unwrap();
+        let now = Instant::now();
+        windows.requests.refill(now);
+        windows.tokens.refill(now);
+        let mut wait = windows
+            .requests
+            .wait_for(1)
+            .max(windows.tokens.wait_for(token_cost));
+        if let Some(output) = windows.output.as_mut() {
+            output.refill(now);
+            wait = wait.max(output.wait_for(output_cost));
+        }
+        if wait.is_zero() {
+            windows.requests.take(1);
+            windows.tokens.take(token_cost);
+            if let Some(output) = windows.output.as_mut() {
+                output.take(output_cost);
+            }
+        }
+        let headers = rate_headers(style, &windows);
+        if wait.is_zero() {
+            // The answer is written at once, so the unused reservation comes back now.
+            let unused = reserved - completion(input, reserved);
+            match (style, windows.output.as_mut()) {
+                (Style::Anthropic, Some(output)) => output.give(unused),
+                _ => windows.tokens.give(unused),
+            }
+        }
+        (wait, headers)
+    };
+    if !wait.is_zero() {
         stats.refused.fetch_add(1, Ordering::Relaxed);
         // Whole seconds, rounded up, as providers send them.
-        let seconds = verdict.as_secs() + u64::from(verdict.subsec_nanos() > 0);
-        let reply =
-            json!({"error": {"type": "rate_limit_exceeded", "message": "Rate limit reached"}});
-        (
+        let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        let reply = match style {
+            Style::OpenAi => {
+                json!({"error": {"type": "tokens", "code": "rate_limit_exceeded", "message": "Rate limit reached"}})
+            }
+            Style::Anthropic => {
+                json!({"type": "error", "error": {"type": "rate_limit_error", "message": "Rate limit reached"}})
+            }
+        };
+        let headers = format!("{headers}Retry-After: {seconds}\r\n");
+        return respond(
+            &mut stream,
             "429 Too Many Requests",
-            format!("Retry-After: {seconds}\r\n"),
-            reply,
+            &headers,
+            &reply.to_string(),
         )
+        .await;
+    }
+    let output = completion(input, reserved);
+    stats.ok.fetch_add(1, Ordering::Relaxed);
+    stats.tokens.fetch_add(input + output, Ordering::Relaxed);
+    let streaming = body["stream"].as_bool() == Some(true);
+    if streaming {
+        let include_usage = body["stream_options"]["include_usage"].as_bool() == Some(true);
+        let events = match style {
+            Style::OpenAi => {
+                let chunk = |delta: Value, finish: Value| {
+                    json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0, "model": model,
+                           "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+                };
+                let mut events = vec![
+                    chunk(json!({"role": "assistant", "content": ""}), Value::Null),
+                    chunk(json!({"content": "ok"}), Value::Null),
+                    chunk(json!({}), json!("stop")),
+                ];
+                if include_usage {
+                    events.push(json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0, "model": model, "choices": [],
+                        "usage": {"prompt_tokens": input, "completion_tokens": output, "total_tokens": input + output}}));
+                }
+                events
+                    .into_iter()
+                    .map(|e| format!("data: {e}\n\n"))
+                    .chain(["data: [DONE]\n\n".to_owned()])
+                    .collect::<Vec<_>>()
+            }
+            Style::Anthropic => [
+                ("message_start", json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant", "content": [], "model": model, "usage": {"input_tokens": input, "output_tokens": 1}}})),
+                ("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})),
+                ("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "ok"}})),
+                ("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
+                ("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": output}})),
+                ("message_stop", json!({"type": "message_stop"})),
+            ]
+            .into_iter()
+            .map(|(name, e)| format!("event: {name}\ndata: {e}\n\n"))
+            .collect(),
+        };
+        let head = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n{headers}Connection: close\r\n\r\n"
+        );
+        stream.write_all(head.as_bytes()).await?;
+        for event in events {
+            stream.write_all(event.as_bytes()).await?;
+            stream.flush().await?;
+        }
+        return stream.shutdown().await;
+    }
+    let reply = if path.ends_with("/embeddings") {
+        let count = match &body["input"] {
+            Value::Array(items) => items.len(),
+            _ => 1,
+        };
+        let data: Vec<Value> = (0..count)
+            .map(|i| json!({"object": "embedding", "index": i, "embedding": [0.0, 0.5, 1.0]}))
+            .collect();
+        json!({"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": input, "total_tokens": input}})
+    } else if style == Style::Anthropic {
+        json!({"id": "msg_1", "type": "message", "role": "assistant", "model": model,
+               "content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn",
+               "usage": {"input_tokens": input, "output_tokens": output}})
+    } else {
+        json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": model,
+               "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+               "usage": {"prompt_tokens": input, "completion_tokens": output, "total_tokens": input + output}})
     };
-    let reply = reply.to_string();
+    respond(&mut stream, "200 OK", &headers, &reply.to_string()).await
+}
+
+async fn respond(
+    stream: &mut TcpStream,
+    status: &str,
+    headers: &str,
+    reply: &str,
+) -> std::io::Result<()> {
     let response = format!(
         "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{headers}Connection: close\r\n\r\n{reply}",
         reply.len()

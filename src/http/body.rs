@@ -1,0 +1,126 @@
+//! A response body that reads its usage as it passes and settles the call at its end.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Mutex;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+
+use super::gate::Call;
+use super::usage::UsageScanner;
+
+type Settling = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// A response body on its way to the caller: every piece of data is read for usage as it
+/// passes (a JSON body or a server-sent stream), and when the body ends the call is settled
+/// before the end is reported, so that once the caller has read the body its key's windows
+/// already hold the real usage. A body dropped before its end keeps the estimate.
+pub struct Metered<B> {
+    inner: Pin<Box<B>>,
+    scanner: Option<UsageScanner>,
+    call: Option<Call>,
+    // Sync for clients (reqwest) that need Sync bodies; only ever locked by the poller.
+    settling: Mutex<Option<Settling>>,
+}
+
+impl<B> fmt::Debug for Metered<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Metered")
+            .field("call", &self.call)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B> Metered<B> {
+    /// Meters `inner` for `call`; `stream` says it is a server-sent event stream.
+    pub fn new(inner: B, call: Call, stream: bool) -> Metered<B> {
+        Metered {
+            inner: Box::pin(inner),
+            scanner: Some(UsageScanner::new(stream)),
+            call: Some(call),
+            settling: Mutex::new(None),
+        }
+    }
+
+    /// A body with nothing to settle.
+    pub fn plain(inner: B) -> Metered<B> {
+        Metered {
+            inner: Box::pin(inner),
+            scanner: None,
+            call: None,
+            settling: Mutex::new(None),
+        }
+    }
+}
+
+impl<B> Body for Metered<B>
+where
+    B: Body,
+    B::Data: Into<Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.get_mut();
+        let settling = this
+            .settling
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(future) = settling {
+            return match future.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    *settling = None;
+                    Poll::Ready(None)
+                }
+                Poll::Pending => Poll::Pending,
+            };
+        }
+        match this.inner.as_mut().poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                let frame = frame.map_data(Into::into);
+                if let (Some(scanner), Some(data)) = (this.scanner.as_mut(), frame.data_ref()) {
+                    scanner.feed(data);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(None) => {
+                let (Some(call), Some(scanner)) = (this.call.take(), this.scanner.take()) else {
+                    return Poll::Ready(None);
+                };
+                let reported = scanner.finish();
+                let mut future: Settling = Box::pin(async move {
+                    if let Err(err) = call.finish(reported).await {
+                        tracing::warn!(%err, "could not settle a call with its usage");
+                    }
+                });
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(None),
+                    Poll::Pending => {
+                        *settling = Some(future);
+                        Poll::Pending
+                    }
+                }
+            }
+            Poll::Ready(Some(Err(err))) => Poll::Ready(Some(Err(err))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        // The end is reported only once the call is settled.
+        self.call.is_none()
+            && self.settling.lock().map(|s| s.is_none()).unwrap_or(true)
+            && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

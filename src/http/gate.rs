@@ -1,0 +1,598 @@
+//! The sans-IO gate: a request's key and cost before it goes, and what its response means
+//! after: settlement, header sync, and whether a 429 is worth retrying.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use http::{HeaderMap, StatusCode};
+use serde_json::Value;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::headers::{RateHeader, rate_headers, retry_pause};
+use super::profile::{OutputTo, Profile};
+use super::usage::{Reported, error_code};
+use crate::{
+    Backoff, Cost, Currency, Error, Estimator, Limiter, Limits, Permit, Rate, Rates, Registry,
+    Usage,
+};
+
+/// How a request's key is found: from the request's head and its JSON body (`Value::Null` when
+/// the body is not JSON).
+pub type KeyFn = dyn Fn(&http::request::Parts, &Value) -> String + Send + Sync;
+
+/// Where a gate's keys get their limits.
+#[derive(Clone)]
+enum LimitsFrom {
+    /// Every key has these.
+    Fixed(Limits),
+    /// From the first response's `limit` headers, read as so many per `period`.
+    Headers(Duration),
+}
+
+/// What a response meant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Verdict {
+    /// Not a 429: the call went through (whatever its status).
+    Passed,
+    /// A rate limit: worth retrying after the pause (the key is paused for it already).
+    Transient {
+        /// The provider's pause, when it gave one.
+        pause: Option<Duration>,
+    },
+    /// A 429 no retry can fix: a spent quota or a spend limit.
+    Permanent {
+        /// The error code the body gave, if any.
+        code: Option<String>,
+    },
+}
+
+/// The error an adapter answers for a permanent 429: retrying it only burns time.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{profile} refused the call for good (429{}): the quota or spend limit is used up; retrying will not help", .code.as_ref().map(|c| format!(" {c}")).unwrap_or_default())]
+pub struct PermanentRefusal {
+    /// The provider profile's name.
+    pub profile: String,
+    /// The error code the body gave, if any.
+    pub code: Option<String>,
+}
+
+/// Calls on one key that are in flight, numbered in the order they were admitted.
+#[derive(Debug, Default)]
+struct Ledger {
+    next: u64,
+    in_flight: BTreeMap<u64, Cost>,
+    /// Calls numbered up to this one were already seen by the provider when a response's
+    /// headers or a 429 brought the windows in line: their shortfalls are in the provider's
+    /// count, and must not be charged again when they settle.
+    seen_through: Option<u64>,
+}
+
+impl Ledger {
+    /// What the calls admitted after `number`, still in flight, were charged in `currency`:
+    /// the provider had not seen them when it answered `number`.
+    fn unseen_after(&self, number: u64, currency: Currency) -> u64 {
+        self.in_flight
+            .range(number + 1..)
+            .map(|(_, cost)| cost.of(currency))
+            .fold(0, u64::saturating_add)
+    }
+
+    fn seen(&mut self, through: u64) {
+        self.seen_through = Some(self.seen_through.map_or(through, |t| t.max(through)));
+    }
+}
+
+/// One key's state in a gate.
+struct KeyState {
+    key: String,
+    limiter: OnceLock<Limiter>,
+    /// Until a key's limits are known (from its first response), one call at a time.
+    learning: Arc<Semaphore>,
+    ledger: Mutex<Ledger>,
+    warned: AtomicBool,
+}
+
+impl KeyState {
+    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+struct Inner {
+    profile: Profile,
+    estimator: Arc<dyn Estimator>,
+    registry: Option<Arc<Registry>>,
+    key: Arc<KeyFn>,
+    limits: LimitsFrom,
+    sync: bool,
+    retries: u32,
+    backoff: Backoff,
+    learn_timeout: Option<Duration>,
+    keys: Mutex<HashMap<String, Arc<KeyState>>>,
+}
+
+/// The limiter in front of a provider's HTTP API, without any HTTP client of its own: adapters
+/// (the `tower` layer, async-openai, reqwest-middleware) drive it, and so can any other client.
+///
+/// For each request: [`admit`](Gate::admit) finds its key and cost from the request and waits
+/// for its toll; [`Call::respond`] reads the response's status and headers (header sync, 429s);
+/// [`Call::finish`] settles the permit with the usage the body reported.
+///
+/// ```
+/// use tollgate::Limits;
+/// use tollgate::http::{Gate, Profile, Reported, Verdict};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let gate = Gate::builder(Profile::openai())
+///     .limits(Limits::parse("500/m", "30000/m")?)
+///     .build()?;
+/// let body = br#"{"model":"gpt-4o","max_tokens":50,"messages":[{"role":"user","content":"Hi"}]}"#;
+/// let request = http::Request::post("https://api.openai.com/v1/chat/completions").body(())?;
+/// let (parts, ()) = request.into_parts();
+/// let mut call = gate.admit(&parts, body).await?;
+/// assert_eq!(call.key(), "openai:gpt-4o");
+/// // ... send it; then:
+/// let mut headers = http::HeaderMap::new();
+/// headers.insert("x-ratelimit-remaining-tokens", "29000".parse()?);
+/// let verdict = call.respond(http::StatusCode::OK, &headers, None).await?;
+/// assert_eq!(verdict, Verdict::Passed);
+/// call.finish(Reported::default()).await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Gate {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Gate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Gate")
+            .field("profile", &self.inner.profile.name())
+            .field("sync", &self.inner.sync)
+            .field("retries", &self.inner.retries)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`Gate`].
+#[must_use]
+pub struct GateBuilder {
+    profile: Profile,
+    registry: Option<Arc<Registry>>,
+    key: Option<Arc<KeyFn>>,
+    limits: Option<LimitsFrom>,
+    sync: bool,
+    retries: u32,
+    backoff: Backoff,
+    learn_timeout: Option<Duration>,
+}
+
+impl fmt::Debug for GateBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GateBuilder")
+            .field("profile", &self.profile.name())
+            .finish_non_exhaustive()
+    }
+}
+
+impl GateBuilder {
+    /// Every key gets these limits.
+    pub fn limits(mut self, limits: Limits) -> GateBuilder {
+        self.limits = Some(LimitsFrom::Fixed(limits));
+        self
+    }
+
+    /// Each key takes its limits from its first response's `limit` headers, read as so many
+    /// per `period` (OpenAI and Anthropic state theirs per minute); until then its calls go one
+    /// at a time.
+    pub fn limits_from_headers(mut self, period: Duration) -> GateBuilder {
+        self.limits = Some(LimitsFrom::Headers(period));
+        self
+    }
+
+    /// The key of each request (per deployment, model, tenant). The default is the profile's
+    /// name and the body's `model`: `openai:gpt-4o`.
+    pub fn key(
+        mut self,
+        key: impl Fn(&http::request::Parts, &Value) -> String + Send + Sync + 'static,
+    ) -> GateBuilder {
+        self.key = Some(Arc::new(key));
+        self
+    }
+
+    /// The registry (and so the store) the keys live in; the default is
+    /// [`Registry::global`].
+    pub fn registry(mut self, registry: Arc<Registry>) -> GateBuilder {
+        self.registry = Some(registry);
+        self
+    }
+
+    /// Whether `remaining` headers lower the windows (on by default).
+    pub fn sync(mut self, sync: bool) -> GateBuilder {
+        self.sync = sync;
+        self
+    }
+
+    /// How many times an adapter sends a request again after a transient 429 (default 3).
+    pub fn retries(mut self, retries: u32) -> GateBuilder {
+        self.retries = retries;
+        self
+    }
+
+    /// The backoff between retries (floored at the provider's pause).
+    pub fn backoff(mut self, backoff: Backoff) -> GateBuilder {
+        self.backoff = backoff;
+        self
+    }
+
+    /// How long a call may wait for its turn while a key's limits are still unknown
+    /// (default 60 s; `None`: no deadline).
+    pub fn learn_timeout(mut self, timeout: Option<Duration>) -> GateBuilder {
+        self.learn_timeout = timeout;
+        self
+    }
+
+    /// The gate; fails when no limits were given, or the profile's estimator does not exist.
+    pub fn build(self) -> Result<Gate, Error> {
+        let no_limits = || Error::NoLimits {
+            key: format!("{} (http gate)", self.profile.name()),
+        };
+        let limits = self.limits.clone().ok_or_else(no_limits)?;
+        if let LimitsFrom::Fixed(limits) = &limits
+            && limits.is_empty()
+        {
+            return Err(no_limits());
+        }
+        let estimator = tollgate_estimators::estimator_strict(self.profile.estimator_name())?;
+        let key = self.key.unwrap_or_else(|| {
+            let name = self.profile.name().to_owned();
+            Arc::new(move |_: &http::request::Parts, body: &Value| {
+                match body.get("model").and_then(Value::as_str) {
+                    Some(model) => format!("{name}:{model}"),
+                    None => name.clone(),
+                }
+            })
+        });
+        Ok(Gate {
+            inner: Arc::new(Inner {
+                profile: self.profile,
+                estimator,
+                registry: self.registry,
+                key,
+                limits,
+                sync: self.sync,
+                retries: self.retries,
+                backoff: self.backoff,
+                learn_timeout: self.learn_timeout,
+                keys: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+}
+
+impl Gate {
+    /// A gate for `profile`; give it limits (or [`limits_from_headers`](GateBuilder::limits_from_headers)).
+    pub fn builder(profile: Profile) -> GateBuilder {
+        GateBuilder {
+            profile,
+            registry: None,
+            key: None,
+            limits: None,
+            sync: true,
+            retries: 3,
+            backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(30)),
+            learn_timeout: Some(Duration::from_secs(60)),
+        }
+    }
+
+    /// The profile.
+    pub fn profile(&self) -> &Profile {
+        &self.inner.profile
+    }
+
+    /// How many times adapters retry a transient 429.
+    pub fn retries(&self) -> u32 {
+        self.inner.retries
+    }
+
+    /// How long to wait before retry `attempt` (0 for the first) of a transient 429: the
+    /// jittered exponential backoff, never shorter than the provider's pause.
+    pub fn retry_delay(&self, attempt: u32, pause: Option<Duration>) -> Duration {
+        let backoff = self.inner.backoff.sleep_for(Duration::ZERO, attempt);
+        backoff.max(pause.unwrap_or(Duration::ZERO))
+    }
+
+    fn registry(&self) -> &Registry {
+        self.inner.registry.as_deref().unwrap_or(Registry::global())
+    }
+
+    fn state(&self, key: String) -> Result<Arc<KeyState>, Error> {
+        let mut keys = self
+            .inner
+            .keys
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(state) = keys.get(&key) {
+            return Ok(Arc::clone(state));
+        }
+        let limiter = OnceLock::new();
+        if let LimitsFrom::Fixed(limits) = &self.inner.limits {
+            let _ = limiter.set(self.registry().limiter(&key, limits)?);
+        }
+        let state = Arc::new(KeyState {
+            key: key.clone(),
+            limiter,
+            learning: Arc::new(Semaphore::new(1)),
+            ledger: Mutex::new(Ledger::default()),
+            warned: AtomicBool::new(false),
+        });
+        keys.insert(key, Arc::clone(&state));
+        Ok(state)
+    }
+
+    /// What a request body costs under the profile, before any limits are applied: its input
+    /// tokens, plus the output it reserves where the profile charges it.
+    pub fn cost_of(&self, body: &Value, limits: Option<&Limits>) -> Result<Cost, Error> {
+        if body.is_null() {
+            return Ok(Cost::call(0));
+        }
+        let estimator = &self.inner.estimator;
+        let estimate = crate::counting::count(tollgate_estimators::text_len(body), || {
+            tollgate_estimators::estimate(&**estimator, body)
+        })?;
+        Ok(match self.inner.profile.output {
+            OutputTo::Tokens => Cost::call(estimate.total()),
+            OutputTo::OutputTokens if limits.is_none_or(|l| !l.output_tokens().is_empty()) => {
+                Cost::call(estimate.input_tokens).with_output_tokens(estimate.reserved_output)
+            }
+            OutputTo::OutputTokens | OutputTo::Nowhere => Cost::call(estimate.input_tokens),
+        })
+    }
+
+    /// Finds the request's key and cost, and waits for its toll (or, on a key whose limits are
+    /// still unknown, for its turn to go alone).
+    pub async fn admit(&self, parts: &http::request::Parts, body: &[u8]) -> Result<Call, Error> {
+        let value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        let key = (self.inner.key)(parts, &value);
+        let state = self.state(key)?;
+        let stream = value.get("stream").and_then(Value::as_bool) == Some(true);
+        loop {
+            if let Some(limiter) = state.limiter.get() {
+                let cost = self.cost_of(&value, Some(limiter.limits()))?;
+                let permit = limiter.acquire(cost).await?;
+                let number = {
+                    let mut ledger = state.ledger();
+                    let number = ledger.next;
+                    ledger.next += 1;
+                    ledger.in_flight.insert(number, cost);
+                    number
+                };
+                return Ok(Call {
+                    gate: self.clone(),
+                    state,
+                    number: Some(number),
+                    permit: Some(permit),
+                    _learning: None,
+                    stream,
+                });
+            }
+            let turn = Arc::clone(&state.learning).acquire_owned();
+            let turn = match self.inner.learn_timeout {
+                Some(timeout) => {
+                    tokio::time::timeout(timeout, turn)
+                        .await
+                        .map_err(|_| Error::Timeout {
+                            key: state.key.clone(),
+                            waited: timeout,
+                            needed: None,
+                        })?
+                }
+                None => turn.await,
+            }
+            .expect("the semaphore is never closed");
+            if state.limiter.get().is_some() {
+                continue;
+            }
+            return Ok(Call {
+                gate: self.clone(),
+                state,
+                number: None,
+                permit: None,
+                _learning: Some(turn),
+                stream,
+            });
+        }
+    }
+
+    fn learn(&self, state: &KeyState, read: &[RateHeader]) -> Result<(), Error> {
+        let LimitsFrom::Headers(period) = self.inner.limits else {
+            return Ok(());
+        };
+        let rates = |currency| -> Result<Rates, Error> {
+            match read
+                .iter()
+                .find(|r| r.currency == currency)
+                .and_then(|r| r.limit)
+                .filter(|&n| n > 0)
+            {
+                Some(limit) => Ok(Rates::from(Rate::new(limit, period)?)),
+                None => Ok(Rates::none()),
+            }
+        };
+        let limits = Limits::new(rates(Currency::Requests)?, rates(Currency::Tokens)?)
+            .with_output_tokens(rates(Currency::OutputTokens)?);
+        if limits.is_empty() {
+            return Ok(());
+        }
+        let limiter = self.registry().limiter(&state.key, &limits)?;
+        tracing::info!(key = %state.key, %limits, "limits taken from the provider's headers");
+        let _ = state.limiter.set(limiter);
+        Ok(())
+    }
+}
+
+/// One request on its way: admitted, and waiting for its response.
+///
+/// Dropping it without [`finish`](Call::finish) keeps what was charged (the estimate).
+pub struct Call {
+    gate: Gate,
+    state: Arc<KeyState>,
+    number: Option<u64>,
+    permit: Option<Permit>,
+    _learning: Option<OwnedSemaphorePermit>,
+    stream: bool,
+}
+
+impl fmt::Debug for Call {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Call")
+            .field("key", &self.state.key)
+            .field("cost", &self.permit.as_ref().map(Permit::cost))
+            .field("stream", &self.stream)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        if let Some(number) = self.number {
+            self.state.ledger().in_flight.remove(&number);
+        }
+    }
+}
+
+impl Call {
+    /// The key.
+    pub fn key(&self) -> &str {
+        &self.state.key
+    }
+
+    /// What the call paid (`None` while its key's limits are unknown).
+    pub fn cost(&self) -> Option<Cost> {
+        self.permit.as_ref().map(Permit::cost)
+    }
+
+    /// True when the request asked for a stream (`"stream": true`): its usage comes in
+    /// server-sent events.
+    pub fn is_stream(&self) -> bool {
+        self.stream
+    }
+
+    /// Reads the response's status and headers: brings the key's windows in line with the
+    /// `remaining` headers (only ever lowering them), takes a key's limits from its first
+    /// response when it has none, and for a 429 says whether it is worth retrying, pausing the
+    /// key for a transient one. `error_body` is the body of a 429, for its error code.
+    pub async fn respond(
+        &mut self,
+        status: StatusCode,
+        headers: &HeaderMap,
+        error_body: Option<&[u8]>,
+    ) -> Result<Verdict, Error> {
+        let gate = &self.gate.inner;
+        let now = SystemTime::now();
+        let read = rate_headers(&gate.profile, headers, now);
+        if self.state.limiter.get().is_none() {
+            self.gate.learn(&self.state, &read)?;
+        }
+        if let Some(limiter) = self.state.limiter.get() {
+            self.sync(limiter, &read).await?;
+        }
+        if status != StatusCode::TOO_MANY_REQUESTS {
+            return Ok(Verdict::Passed);
+        }
+        let code = error_body.and_then(error_code);
+        let pause = retry_pause(headers, now);
+        let permanent = code
+            .as_deref()
+            .is_some_and(|c| gate.profile.permanent_codes.iter().any(|p| p == c))
+            || (pause.is_none() && gate.profile.permanent_without_retry_after);
+        if permanent {
+            return Ok(Verdict::Permanent { code });
+        }
+        // The reset of a spent currency stands in for a missing Retry-After.
+        let pause = pause.or_else(|| {
+            read.iter()
+                .filter(|r| r.remaining == Some(0))
+                .filter_map(|r| r.reset)
+                .max()
+        });
+        if let Some(limiter) = self.state.limiter.get() {
+            limiter
+                .penalize(pause.unwrap_or_else(|| gate.backoff.base()))
+                .await?;
+            // Every call in flight was either seen by the provider before this 429 or will be
+            // refused too; none may charge a shortfall on top of the emptied windows.
+            let mut ledger = self.state.ledger();
+            if let Some(&last) = ledger.in_flight.keys().next_back() {
+                ledger.seen(last);
+            }
+        }
+        Ok(Verdict::Transient { pause })
+    }
+
+    async fn sync(&self, limiter: &Limiter, read: &[RateHeader]) -> Result<(), Error> {
+        let gate = &self.gate.inner;
+        let limits = limiter.limits();
+        for header in read {
+            let configured = limits.of(header.currency);
+            if configured.is_empty() {
+                continue;
+            }
+            if let (Some(limit), Some(capacity)) = (header.limit, configured.capacity())
+                && limit != capacity
+                && !self.state.warned.swap(true, Ordering::Relaxed)
+            {
+                tracing::warn!(
+                    key = %self.state.key,
+                    currency = %header.currency,
+                    provider = limit,
+                    configured = capacity,
+                    "the provider's limit differs from the configured one",
+                );
+            }
+            let (Some(remaining), true) = (header.remaining, gate.sync) else {
+                continue;
+            };
+            let target = match self.number {
+                Some(number) => {
+                    let mut ledger = self.state.ledger();
+                    ledger.seen(number);
+                    remaining.saturating_sub(ledger.unseen_after(number, header.currency))
+                }
+                // The call that taught the limits was never charged here, and nothing else
+                // was in flight.
+                None => remaining,
+            };
+            limiter.lower(header.currency, target).await?;
+        }
+        Ok(())
+    }
+
+    /// Settles the call with the usage its response reported: a refund for an overestimate;
+    /// a charge for an underestimate, unless the provider had already counted this call when
+    /// a header sync or a 429 brought the windows in line (it is in that count: charging it
+    /// again would count it twice). Answers the usage settled.
+    pub async fn finish(mut self, reported: Reported) -> Result<Usage, Error> {
+        let Some(permit) = self.permit.take() else {
+            return Ok(Usage::default());
+        };
+        let charged = permit.cost();
+        let mut usage = reported.usage(&self.gate.inner.profile, permit.limiter().limits());
+        let seen = {
+            let ledger = self.state.ledger();
+            matches!((self.number, ledger.seen_through), (Some(n), Some(t)) if n <= t)
+        };
+        if seen {
+            usage.tokens = usage.tokens.map(|t| t.min(charged.tokens));
+            usage.output_tokens = usage.output_tokens.map(|t| t.min(charged.output_tokens));
+        }
+        permit.settle_usage(usage).await?;
+        Ok(usage)
+    }
+}

@@ -1,0 +1,208 @@
+//! Reading what a provider's headers say: each currency's limit, what remains, when it is full
+//! again, and how long a 429 asks to wait.
+
+use std::time::{Duration, SystemTime};
+
+use http::HeaderMap;
+
+use super::profile::{Profile, ResetForm};
+use crate::retry_after::until_rfc3339;
+use crate::{Currency, MAX_RETRY_AFTER, parse_retry_after};
+
+/// What the headers of one response said about one currency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RateHeader {
+    /// The currency.
+    pub currency: Currency,
+    /// The provider's limit for it.
+    pub limit: Option<u64>,
+    /// What is left of it.
+    pub remaining: Option<u64>,
+    /// How long until it is full again.
+    pub reset: Option<Duration>,
+}
+
+/// Every currency the profile names that the headers speak of, in the profile's order.
+/// Unreadable values are left out (`None`), never guessed.
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use http::HeaderMap;
+/// use tollgate::Currency;
+/// use tollgate::http::{Profile, rate_headers};
+///
+/// let mut headers = HeaderMap::new();
+/// headers.insert("x-ratelimit-limit-tokens", "30000".parse().unwrap());
+/// headers.insert("x-ratelimit-remaining-tokens", "29100".parse().unwrap());
+/// headers.insert("x-ratelimit-reset-tokens", "1.8s".parse().unwrap());
+/// let read = rate_headers(&Profile::openai(), &headers, SystemTime::now());
+/// assert_eq!(read.len(), 1);
+/// assert_eq!(read[0].currency, Currency::Tokens);
+/// assert_eq!(read[0].remaining, Some(29_100));
+/// assert_eq!(read[0].reset, Some(Duration::from_millis(1_800)));
+/// ```
+pub fn rate_headers(profile: &Profile, headers: &HeaderMap, now: SystemTime) -> Vec<RateHeader> {
+    profile
+        .headers
+        .iter()
+        .filter_map(|names| {
+            let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+            let read = RateHeader {
+                currency: names.currency,
+                limit: text(&names.limit).and_then(count),
+                remaining: text(&names.remaining).and_then(count),
+                reset: text(&names.reset).and_then(|t| reset(profile.reset, t, now)),
+            };
+            (read.limit.is_some() || read.remaining.is_some() || read.reset.is_some())
+                .then_some(read)
+        })
+        .collect()
+}
+
+/// A count: digits, or a number with a fraction (rounded down: what remains is never read as
+/// more than was said), huge values saturating. Negative or other text is unreadable.
+fn count(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let whole = match text.split_once('.') {
+        Some((whole, fraction)) if fraction.bytes().all(|b| b.is_ascii_digit()) => whole,
+        Some(_) => return None,
+        None => text,
+    };
+    if whole.is_empty() || !whole.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(whole.parse::<u64>().unwrap_or(u64::MAX))
+}
+
+fn reset(form: ResetForm, text: &str, now: SystemTime) -> Option<Duration> {
+    match form {
+        ResetForm::Duration => go_duration(text),
+        ResetForm::Rfc3339 => until_rfc3339(text, now),
+        ResetForm::Seconds => parse_retry_after(text, now),
+    }
+}
+
+/// A Go-style duration as OpenAI writes its resets: `6m0s`, `1s`, `20ms`, `1h2m3.5s`, `250us`;
+/// clamped to [`MAX_RETRY_AFTER`], rounded up to the nanosecond.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::http::go_duration;
+///
+/// assert_eq!(go_duration("6m0s"), Some(Duration::from_secs(360)));
+/// assert_eq!(go_duration("20ms"), Some(Duration::from_millis(20)));
+/// assert_eq!(go_duration("1h2m3.5s"), Some(Duration::from_millis(3_723_500)));
+/// assert_eq!(go_duration("soon"), None);
+/// ```
+pub fn go_duration(text: &str) -> Option<Duration> {
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    if rest == "0" {
+        return Some(Duration::ZERO);
+    }
+    let mut nanos: u128 = 0;
+    while !rest.is_empty() {
+        let number_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let (number, after) = rest.split_at(number_end);
+        let unit_end = after
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(after.len());
+        let (unit, after) = after.split_at(unit_end);
+        let scale: u128 = match unit {
+            "h" => 3_600_000_000_000,
+            "m" => 60_000_000_000,
+            "s" => 1_000_000_000,
+            "ms" => 1_000_000,
+            "us" | "µs" | "μs" => 1_000,
+            "ns" => 1,
+            _ => return None,
+        };
+        let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+        if (whole.is_empty() && fraction.is_empty()) || fraction.contains('.') {
+            return None;
+        }
+        // Long digit strings saturate: the result is clamped anyway.
+        let whole: u128 = if whole.is_empty() {
+            0
+        } else {
+            whole.parse().unwrap_or(u128::from(u64::MAX))
+        };
+        let digits = &fraction[..fraction.len().min(18)];
+        let part = if digits.is_empty() {
+            0
+        } else {
+            let value: u128 = digits.parse().ok()?;
+            (value * scale).div_ceil(10u128.pow(digits.len() as u32))
+        };
+        nanos = nanos
+            .saturating_add(whole.saturating_mul(scale))
+            .saturating_add(part);
+        rest = after;
+    }
+    let max = MAX_RETRY_AFTER.as_nanos();
+    Some(Duration::from_nanos(nanos.min(max) as u64))
+}
+
+/// The pause a response asks for: `retry-after-ms` (milliseconds, as OpenAI and Azure send
+/// it), else `retry-after` (seconds or an HTTP date); clamped to [`MAX_RETRY_AFTER`].
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use http::HeaderMap;
+/// use tollgate::http::retry_pause;
+///
+/// let mut headers = HeaderMap::new();
+/// headers.insert("retry-after", "2".parse().unwrap());
+/// assert_eq!(retry_pause(&headers, SystemTime::now()), Some(Duration::from_secs(2)));
+/// headers.insert("retry-after-ms", "1250".parse().unwrap());
+/// assert_eq!(retry_pause(&headers, SystemTime::now()), Some(Duration::from_millis(1_250)));
+/// ```
+pub fn retry_pause(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if let Some(ms) = text("retry-after-ms").and_then(|t| go_duration(&format!("{}ms", t.trim()))) {
+        return Some(ms);
+    }
+    text("retry-after").and_then(|t| parse_retry_after(t, now))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_durations_in_every_unit_and_nothing_else() {
+        let ms = Duration::from_millis;
+        assert_eq!(go_duration("1s"), Some(ms(1_000)));
+        assert_eq!(go_duration("0s"), Some(Duration::ZERO));
+        assert_eq!(go_duration("0"), Some(Duration::ZERO));
+        assert_eq!(go_duration("2m59.56s"), Some(ms(179_560)));
+        assert_eq!(go_duration(".5s"), Some(ms(500)));
+        assert_eq!(go_duration("1.5ms"), Some(Duration::from_micros(1_500)));
+        assert_eq!(go_duration("7us"), Some(Duration::from_micros(7)));
+        assert_eq!(go_duration("0.0000000001s"), Some(Duration::from_nanos(1)));
+        assert_eq!(
+            go_duration("99999999999999999999999h"),
+            Some(MAX_RETRY_AFTER)
+        );
+        assert_eq!(go_duration("25h"), Some(MAX_RETRY_AFTER));
+        for bad in ["", "s", "1", "1x", "1..5s", "-1s", "1 s", ".s", "1s2"] {
+            assert_eq!(go_duration(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn counts_never_read_more_than_was_said() {
+        assert_eq!(count("29100"), Some(29_100));
+        assert_eq!(count(" 7 "), Some(7));
+        assert_eq!(count("12.9"), Some(12));
+        assert_eq!(count("99999999999999999999999"), Some(u64::MAX));
+        for bad in ["", "-1", "1e3", "x", "1.2.3", ".5"] {
+            assert_eq!(count(bad), None, "{bad:?}");
+        }
+    }
+}

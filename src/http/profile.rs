@@ -1,0 +1,271 @@
+//! What a provider sends and how it bills: its rate-limit headers, where usage sits in its
+//! answers, where the output a request reserves is charged, and which 429s are final.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use crate::Currency;
+
+/// How a provider writes the time until a limit is full again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ResetForm {
+    /// A Go-style duration: `6m0s`, `1s`, `20ms`, `1h2m3.5s` (OpenAI, Azure OpenAI, Groq).
+    Duration,
+    /// An RFC 3339 time: `2026-12-01T22:05:00Z` (Anthropic).
+    Rfc3339,
+    /// Seconds, whole or with a fraction.
+    Seconds,
+}
+
+/// Where the output a request reserves (`max_tokens` × `n`) is charged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OutputTo {
+    /// Into the token windows, with the input: OpenAI counts input plus `max_tokens × n`
+    /// against one tokens-per-minute limit.
+    Tokens,
+    /// Into the output-token windows (when the key has any; nowhere otherwise): Anthropic
+    /// limits output tokens per minute apart from input.
+    OutputTokens,
+    /// Nowhere (embeddings reserve no output).
+    Nowhere,
+}
+
+/// The three headers a provider sends for one currency.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderNames {
+    /// The currency they count.
+    pub currency: Currency,
+    /// The configured limit (`x-ratelimit-limit-tokens`).
+    pub limit: Cow<'static, str>,
+    /// What is left now (`x-ratelimit-remaining-tokens`).
+    pub remaining: Cow<'static, str>,
+    /// When it is full again (`x-ratelimit-reset-tokens`).
+    pub reset: Cow<'static, str>,
+}
+
+impl HeaderNames {
+    /// The three header names for `currency`.
+    pub fn new(
+        currency: Currency,
+        limit: impl Into<Cow<'static, str>>,
+        remaining: impl Into<Cow<'static, str>>,
+        reset: impl Into<Cow<'static, str>>,
+    ) -> HeaderNames {
+        HeaderNames {
+            currency,
+            limit: lower(limit.into()),
+            remaining: lower(remaining.into()),
+            reset: lower(reset.into()),
+        }
+    }
+}
+
+/// Header names are matched in lower case, as `http::HeaderMap` keeps them.
+fn lower(name: Cow<'static, str>) -> Cow<'static, str> {
+    if name.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(name.to_ascii_lowercase())
+    } else {
+        name
+    }
+}
+
+/// A provider: its headers, its usage fields, where reserved output goes, and its final 429s.
+///
+/// Start from one of the five presets and change what differs:
+///
+/// ```
+/// use tollgate::Currency;
+/// use tollgate::http::{HeaderNames, Profile, ResetForm};
+///
+/// // A gateway that speaks OpenAI's bodies but sends its own headers.
+/// let profile = Profile::generic("my-gateway")
+///     .estimator("openai")
+///     .headers(vec![HeaderNames::new(
+///         Currency::Tokens,
+///         "X-Quota-Limit",
+///         "X-Quota-Remaining",
+///         "X-Quota-Reset",
+///     )])
+///     .reset_form(ResetForm::Seconds);
+/// assert_eq!(profile.name(), "my-gateway");
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct Profile {
+    pub(crate) name: Cow<'static, str>,
+    pub(crate) estimator: Cow<'static, str>,
+    pub(crate) headers: Vec<HeaderNames>,
+    pub(crate) reset: ResetForm,
+    pub(crate) output: OutputTo,
+    pub(crate) cache_reads_count: bool,
+    pub(crate) permanent_codes: Vec<Cow<'static, str>>,
+    pub(crate) permanent_without_retry_after: bool,
+}
+
+impl fmt::Debug for Profile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Profile")
+            .field("name", &self.name)
+            .field("estimator", &self.estimator)
+            .field("headers", &self.headers.len())
+            .field("reset", &self.reset)
+            .field("output", &self.output)
+            .field("cache_reads_count", &self.cache_reads_count)
+            .finish_non_exhaustive()
+    }
+}
+
+fn openai_headers() -> Vec<HeaderNames> {
+    [
+        (Currency::Requests, "requests"),
+        (Currency::Tokens, "tokens"),
+    ]
+    .into_iter()
+    .map(|(currency, word)| {
+        HeaderNames::new(
+            currency,
+            format!("x-ratelimit-limit-{word}"),
+            format!("x-ratelimit-remaining-{word}"),
+            format!("x-ratelimit-reset-{word}"),
+        )
+    })
+    .collect()
+}
+
+impl Profile {
+    /// OpenAI: chat completions, responses and embeddings. Headers
+    /// `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` with resets like `6m0s`; usage
+    /// `prompt_tokens` + `completion_tokens` (or the responses API's `input_tokens` +
+    /// `output_tokens`), in a stream's last chunk when `stream_options.include_usage` is set;
+    /// reserved output into the token windows; `insufficient_quota` is final.
+    pub fn openai() -> Profile {
+        Profile {
+            name: Cow::Borrowed("openai"),
+            estimator: Cow::Borrowed("openai"),
+            headers: openai_headers(),
+            reset: ResetForm::Duration,
+            output: OutputTo::Tokens,
+            cache_reads_count: true,
+            permanent_codes: vec![Cow::Borrowed("insufficient_quota")],
+            permanent_without_retry_after: false,
+        }
+    }
+
+    /// Azure OpenAI: OpenAI's bodies and headers (`x-ratelimit-remaining-{requests,tokens}`).
+    pub fn azure_openai() -> Profile {
+        Profile {
+            name: Cow::Borrowed("azure-openai"),
+            ..Profile::openai()
+        }
+    }
+
+    /// Anthropic messages. Headers
+    /// `anthropic-ratelimit-{requests,input-tokens,output-tokens}-{limit,remaining,reset}`
+    /// (remaining counts rounded to the thousand, resets as RFC 3339 times); usage
+    /// `input_tokens` + `cache_creation_input_tokens` (cache reads left out of the input limit,
+    /// as for most models; see [`cache_reads_count`](Profile::cache_reads_count)) and
+    /// `output_tokens`, in a stream's `message_start` and `message_delta` events; reserved output
+    /// into the output-token windows; a 429 without `retry-after` (a spend limit) is final.
+    pub fn anthropic() -> Profile {
+        let headers = [
+            (Currency::Requests, "requests"),
+            (Currency::Tokens, "input-tokens"),
+            (Currency::OutputTokens, "output-tokens"),
+        ]
+        .into_iter()
+        .map(|(currency, word)| {
+            HeaderNames::new(
+                currency,
+                format!("anthropic-ratelimit-{word}-limit"),
+                format!("anthropic-ratelimit-{word}-remaining"),
+                format!("anthropic-ratelimit-{word}-reset"),
+            )
+        })
+        .collect();
+        Profile {
+            name: Cow::Borrowed("anthropic"),
+            estimator: Cow::Borrowed("openai"),
+            headers,
+            reset: ResetForm::Rfc3339,
+            output: OutputTo::OutputTokens,
+            cache_reads_count: false,
+            permanent_codes: Vec::new(),
+            permanent_without_retry_after: true,
+        }
+    }
+
+    /// Voyage AI embeddings: the `voyageai` estimator, usage `total_tokens`, OpenAI-style
+    /// headers if any are sent.
+    pub fn voyage() -> Profile {
+        Profile {
+            name: Cow::Borrowed("voyage"),
+            estimator: Cow::Borrowed("voyageai"),
+            output: OutputTo::Nowhere,
+            permanent_codes: Vec::new(),
+            ..Profile::openai()
+        }
+    }
+
+    /// Any other service: OpenAI's usage fields and headers until told otherwise, named `name`.
+    pub fn generic(name: impl Into<Cow<'static, str>>) -> Profile {
+        Profile {
+            name: name.into(),
+            permanent_codes: Vec::new(),
+            ..Profile::openai()
+        }
+    }
+
+    /// The profile's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The estimator (by name, as in [`tollgate_estimators::estimator`]) that counts requests.
+    pub fn estimator_name(&self) -> &str {
+        &self.estimator
+    }
+
+    /// Counts requests with the estimator of this name.
+    pub fn estimator(mut self, name: impl Into<Cow<'static, str>>) -> Profile {
+        self.estimator = name.into();
+        self
+    }
+
+    /// The rate-limit headers, one set per currency (none: no header sync).
+    pub fn headers(mut self, headers: Vec<HeaderNames>) -> Profile {
+        self.headers = headers;
+        self
+    }
+
+    /// How the reset headers are written.
+    pub fn reset_form(mut self, reset: ResetForm) -> Profile {
+        self.reset = reset;
+        self
+    }
+
+    /// Where reserved output is charged.
+    pub fn output_to(mut self, output: OutputTo) -> Profile {
+        self.output = output;
+        self
+    }
+
+    /// Whether cache reads (`cache_read_input_tokens`) count against the input limit: Anthropic
+    /// leaves them out for most models, and counts them for a few older ones.
+    pub fn cache_reads_count(mut self, count: bool) -> Profile {
+        self.cache_reads_count = count;
+        self
+    }
+
+    /// Error codes (`error.code` or `error.type` of a 429's body) that no retry can fix.
+    pub fn permanent_codes(mut self, codes: Vec<Cow<'static, str>>) -> Profile {
+        self.permanent_codes = codes;
+        self
+    }
+
+    /// Whether a 429 without `retry-after` (or `retry-after-ms`) is final.
+    pub fn permanent_without_retry_after(mut self, permanent: bool) -> Profile {
+        self.permanent_without_retry_after = permanent;
+        self
+    }
+}

@@ -1,0 +1,247 @@
+//! A `tower::Layer` that puts a [`Gate`] in front of any `Service<http::Request<B>>`, such as
+//! hyper's clients (feature `tower`).
+
+use std::borrow::Cow;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body::Body;
+
+use super::body::Metered;
+use super::gate::{Gate, PermanentRefusal, Verdict};
+
+/// An error of any kind, boxed: tollgate's own, [`PermanentRefusal`], or the inner service's.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A request body whose bytes can be read before it is sent (to estimate it) and that can be
+/// sent again (to retry a 429).
+pub trait RequestBytes: Clone {
+    /// The body's bytes, if it has them at hand (a streaming body does not: it is sent with
+    /// the cost of an empty body).
+    fn request_bytes(&self) -> Option<Cow<'_, [u8]>>;
+}
+
+impl RequestBytes for Bytes {
+    fn request_bytes(&self) -> Option<Cow<'_, [u8]>> {
+        Some(Cow::Borrowed(self))
+    }
+}
+
+impl RequestBytes for String {
+    fn request_bytes(&self) -> Option<Cow<'_, [u8]>> {
+        Some(Cow::Borrowed(self.as_bytes()))
+    }
+}
+
+impl RequestBytes for Vec<u8> {
+    fn request_bytes(&self) -> Option<Cow<'_, [u8]>> {
+        Some(Cow::Borrowed(self))
+    }
+}
+
+impl<D: bytes::Buf + Clone> RequestBytes for http_body_util::Full<D> {
+    fn request_bytes(&self) -> Option<Cow<'_, [u8]>> {
+        // Full keeps its data private; its frame is read from a clone.
+        let mut clone = self.clone();
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        match Pin::new(&mut clone).poll_frame(&mut cx) {
+            Poll::Ready(Some(Ok(frame))) => frame
+                .into_data()
+                .ok()
+                .map(|mut data| Cow::Owned(data.copy_to_bytes(data.remaining()).to_vec())),
+            _ => Some(Cow::Borrowed(&[])),
+        }
+    }
+}
+
+/// The layer: wraps a service in a [`GateService`].
+///
+/// ```
+/// use tollgate::Limits;
+/// use tollgate::http::{Gate, Profile};
+/// use tollgate::http::tower::GateLayer;
+///
+/// # fn main() -> Result<(), tollgate::Error> {
+/// let gate = Gate::builder(Profile::openai())
+///     .limits(Limits::parse("500/m", "30000/m")?)
+///     .build()?;
+/// let layer = GateLayer::new(gate);
+/// // tower::ServiceBuilder::new().layer(layer).service(hyper_client)
+/// # let _ = layer;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct GateLayer {
+    gate: Gate,
+}
+
+impl GateLayer {
+    /// A layer that sends every request through `gate`.
+    pub fn new(gate: Gate) -> GateLayer {
+        GateLayer { gate }
+    }
+}
+
+impl<S> tower_layer::Layer<S> for GateLayer {
+    type Service = GateService<S>;
+
+    fn layer(&self, inner: S) -> GateService<S> {
+        GateService {
+            inner,
+            gate: self.gate.clone(),
+        }
+    }
+}
+
+/// A service whose every request pays its toll first, is retried after a transient 429 (up
+/// to the gate's [`retries`](Gate::retries)), fails at once with [`PermanentRefusal`] on a
+/// permanent one, and whose response body settles the call when it ends.
+#[derive(Debug, Clone)]
+pub struct GateService<S> {
+    inner: S,
+    gate: Gate,
+}
+
+/// Reads a short body whole (a 429's error), at most 1 MiB of it.
+pub(crate) async fn read_short<B>(body: B) -> Result<Bytes, BoxError>
+where
+    B: Body,
+    B::Data: Into<Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let mut body = Box::pin(body);
+    let mut kept = Vec::new();
+    while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+        if let Ok(data) = frame.map_err(Into::into)?.into_data() {
+            let data: Bytes = data.into();
+            let room = (1usize << 20).saturating_sub(kept.len());
+            kept.extend_from_slice(&data[..data.len().min(room)]);
+        }
+    }
+    Ok(Bytes::from(kept))
+}
+
+fn is_event_stream(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"))
+}
+
+impl<S, B, RB> tower_service::Service<Request<B>> for GateService<S>
+where
+    S: tower_service::Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    B: RequestBytes + Send + Sync + 'static,
+    RB: Body + Unpin + Send + 'static,
+    RB::Data: Into<Bytes>,
+    RB::Error: Into<BoxError>,
+{
+    type Response = Response<Metered<EitherBody<RB>>>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        // The service that was made ready is the one that sends; a clone takes its place.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let gate = self.gate.clone();
+        Box::pin(async move {
+            let (parts, body) = request.into_parts();
+            let bytes = body
+                .request_bytes()
+                .map(Cow::into_owned)
+                .unwrap_or_default();
+            let mut attempt = 0;
+            loop {
+                let mut call = gate.admit(&parts, &bytes).await?;
+                if attempt > 0 {
+                    std::future::poll_fn(|cx| inner.poll_ready(cx))
+                        .await
+                        .map_err(Into::into)?;
+                }
+                let request = Request::from_parts(parts.clone(), body.clone());
+                let response = inner.call(request).await.map_err(Into::into)?;
+                let (head, response_body) = response.into_parts();
+                if head.status != StatusCode::TOO_MANY_REQUESTS {
+                    call.respond(head.status, &head.headers, None).await?;
+                    let stream = is_event_stream(&head.headers) || call.is_stream();
+                    let body = Metered::new(EitherBody::Inner(response_body), call, stream);
+                    return Ok(Response::from_parts(head, body));
+                }
+                let error = read_short(response_body).await?;
+                match call
+                    .respond(head.status, &head.headers, Some(&error))
+                    .await?
+                {
+                    Verdict::Permanent { code } => {
+                        let refusal = PermanentRefusal {
+                            profile: gate.profile().name().to_owned(),
+                            code,
+                        };
+                        return Err(refusal.into());
+                    }
+                    Verdict::Transient { pause } if attempt < gate.retries() => {
+                        drop(call);
+                        tokio::time::sleep(gate.retry_delay(attempt, pause)).await;
+                        attempt += 1;
+                    }
+                    _ => {
+                        let body = Metered::plain(EitherBody::Read(Some(error)));
+                        return Ok(Response::from_parts(head, body));
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// The inner service's body, or one already read (a 429's).
+#[derive(Debug)]
+pub enum EitherBody<B> {
+    /// As the service answered it.
+    Inner(B),
+    /// Read whole.
+    Read(Option<Bytes>),
+}
+
+impl<B> Body for EitherBody<B>
+where
+    B: Body + Unpin,
+    B::Data: Into<Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            EitherBody::Inner(body) => Pin::new(body)
+                .poll_frame(cx)
+                .map(|f| f.map(|f| f.map(|f| f.map_data(Into::into)).map_err(Into::into))),
+            EitherBody::Read(data) => {
+                Poll::Ready(data.take().map(|d| Ok(http_body::Frame::data(d))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            EitherBody::Inner(body) => body.is_end_stream(),
+            EitherBody::Read(data) => data.is_none(),
+        }
+    }
+}
