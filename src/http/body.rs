@@ -15,13 +15,15 @@ use super::usage::UsageScanner;
 type Settling = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// A response body on its way to the caller: every piece of data is read for usage as it
-/// passes (a JSON body or a server-sent stream), and when the body ends the call is settled
-/// before the end is reported, so that once the caller has read the body its key's windows
-/// already hold the real usage. A body dropped before its end keeps the estimate.
+/// passes (a JSON body or a server-sent stream), and when the body ends (or a stream sends its
+/// last event) the call is settled before that is handed on, so that once the caller has read
+/// the body its key's windows already hold the real usage. A body dropped after its usage
+/// came settles in a task of its own; one dropped before keeps the estimate.
 pub struct Metered<B> {
     inner: Pin<Box<B>>,
     scanner: Option<UsageScanner>,
     call: Option<Call>,
+    held: Option<Frame<Bytes>>,
     // Sync for clients (reqwest) that need Sync bodies; only ever locked by the poller.
     settling: Mutex<Option<Settling>>,
 }
@@ -41,6 +43,7 @@ impl<B> Metered<B> {
             inner: Box::pin(inner),
             scanner: Some(UsageScanner::new(stream)),
             call: Some(call),
+            held: None,
             settling: Mutex::new(None),
         }
     }
@@ -51,6 +54,7 @@ impl<B> Metered<B> {
             inner: Box::pin(inner),
             scanner: None,
             call: None,
+            held: None,
             settling: Mutex::new(None),
         }
     }
@@ -77,39 +81,45 @@ where
             return match future.as_mut().poll(cx) {
                 Poll::Ready(()) => {
                     *settling = None;
-                    Poll::Ready(None)
+                    Poll::Ready(this.held.take().map(Ok))
                 }
                 Poll::Pending => Poll::Pending,
             };
         }
-        match this.inner.as_mut().poll_frame(cx) {
+        let (frame, ended) = match this.inner.as_mut().poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 let frame = frame.map_data(Into::into);
+                let mut last = false;
                 if let (Some(scanner), Some(data)) = (this.scanner.as_mut(), frame.data_ref()) {
                     scanner.feed(data);
+                    last = scanner.is_done();
                 }
-                Poll::Ready(Some(Ok(frame)))
-            }
-            Poll::Ready(None) => {
-                let (Some(call), Some(scanner)) = (this.call.take(), this.scanner.take()) else {
-                    return Poll::Ready(None);
-                };
-                let reported = scanner.finish();
-                let mut future: Settling = Box::pin(async move {
-                    if let Err(err) = call.finish(reported).await {
-                        tracing::warn!(%err, "could not settle a call with its usage");
-                    }
-                });
-                match future.as_mut().poll(cx) {
-                    Poll::Ready(()) => Poll::Ready(None),
-                    Poll::Pending => {
-                        *settling = Some(future);
-                        Poll::Pending
-                    }
+                if !last {
+                    return Poll::Ready(Some(Ok(frame)));
                 }
+                (Some(frame), false)
             }
-            Poll::Ready(Some(Err(err))) => Poll::Ready(Some(Err(err))),
-            Poll::Pending => Poll::Pending,
+            Poll::Ready(None) => (None, true),
+            Poll::Ready(Some(Err(err))) => return Poll::Ready(Some(Err(err))),
+            Poll::Pending => return Poll::Pending,
+        };
+        // The body ended, or the stream sent its last event: settle before handing it on.
+        let (Some(call), Some(scanner)) = (this.call.take(), this.scanner.take()) else {
+            return Poll::Ready(if ended { None } else { frame.map(Ok) });
+        };
+        let reported = scanner.finish();
+        let mut future: Settling = Box::pin(async move {
+            if let Err(err) = call.finish(reported).await {
+                tracing::warn!(%err, "could not settle a call with its usage");
+            }
+        });
+        match future.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(frame.map(Ok)),
+            Poll::Pending => {
+                this.held = frame;
+                *settling = Some(future);
+                Poll::Pending
+            }
         }
     }
 
@@ -123,4 +133,43 @@ where
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
     }
+}
+
+impl<B> Drop for Metered<B> {
+    fn drop(&mut self) {
+        // Dropped after its usage came (a client that stops reading at the last event it
+        // needs): settle in a task of its own. Without usage, the estimate stands.
+        let (Some(call), Some(scanner)) = (self.call.take(), self.scanner.take()) else {
+            return;
+        };
+        let reported = scanner.reported();
+        if reported.is_empty() {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(err) = call.finish(reported).await {
+                    tracing::warn!(%err, "could not settle a call with its usage");
+                }
+            });
+        }
+    }
+}
+
+/// Reads a short body whole (a 429's error), keeping at most 1 MiB of it.
+pub(crate) async fn read_short<B>(body: B) -> Result<Bytes, B::Error>
+where
+    B: Body,
+    B::Data: Into<Bytes>,
+{
+    let mut body = Box::pin(body);
+    let mut kept = Vec::new();
+    while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+        if let Ok(data) = frame?.into_data() {
+            let data: Bytes = data.into();
+            let room = (1usize << 20).saturating_sub(kept.len());
+            kept.extend_from_slice(&data[..data.len().min(room)]);
+        }
+    }
+    Ok(Bytes::from(kept))
 }

@@ -559,6 +559,13 @@ impl Call {
             let (Some(remaining), true) = (header.remaining, gate.sync) else {
                 continue;
             };
+            // A rounded count is read as the most it could be.
+            let rounding = gate.profile.rounding;
+            let remaining = if rounding > 0 {
+                remaining.saturating_add(rounding.div_ceil(2) - 1)
+            } else {
+                remaining
+            };
             let target = match self.number {
                 Some(number) => {
                     let mut ledger = self.state.ledger();

@@ -53,3 +53,14 @@ pub use usage::{Reported, UsageScanner};
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod tower;
+
+#[cfg(any(feature = "async-openai", feature = "reqwest-middleware"))]
+mod reqwest;
+
+#[cfg(feature = "async-openai")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async-openai")))]
+pub mod async_openai;
+
+#[cfg(feature = "reqwest-middleware")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest-middleware")))]
+pub mod reqwest_middleware;

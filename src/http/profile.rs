@@ -101,6 +101,7 @@ pub struct Profile {
     pub(crate) cache_reads_count: bool,
     pub(crate) permanent_codes: Vec<Cow<'static, str>>,
     pub(crate) permanent_without_retry_after: bool,
+    pub(crate) rounding: u64,
 }
 
 impl fmt::Debug for Profile {
@@ -112,6 +113,7 @@ impl fmt::Debug for Profile {
             .field("reset", &self.reset)
             .field("output", &self.output)
             .field("cache_reads_count", &self.cache_reads_count)
+            .field("rounding", &self.rounding)
             .finish_non_exhaustive()
     }
 }
@@ -149,6 +151,7 @@ impl Profile {
             cache_reads_count: true,
             permanent_codes: vec![Cow::Borrowed("insufficient_quota")],
             permanent_without_retry_after: false,
+            rounding: 0,
         }
     }
 
@@ -162,7 +165,8 @@ impl Profile {
 
     /// Anthropic messages. Headers
     /// `anthropic-ratelimit-{requests,input-tokens,output-tokens}-{limit,remaining,reset}`
-    /// (remaining counts rounded to the thousand, resets as RFC 3339 times); usage
+    /// (remaining counts rounded to the thousand, read as the most they could be: see
+    /// [`remaining_rounded_to`](Profile::remaining_rounded_to); resets as RFC 3339 times); usage
     /// `input_tokens` + `cache_creation_input_tokens` (cache reads left out of the input limit,
     /// as for most models; see [`cache_reads_count`](Profile::cache_reads_count)) and
     /// `output_tokens`, in a stream's `message_start` and `message_delta` events; reserved output
@@ -192,6 +196,7 @@ impl Profile {
             cache_reads_count: false,
             permanent_codes: Vec::new(),
             permanent_without_retry_after: true,
+            rounding: 1_000,
         }
     }
 
@@ -260,6 +265,15 @@ impl Profile {
     /// Error codes (`error.code` or `error.type` of a 429's body) that no retry can fix.
     pub fn permanent_codes(mut self, codes: Vec<Cow<'static, str>>) -> Profile {
         self.permanent_codes = codes;
+        self
+    }
+
+    /// The `remaining` headers are rounded to the nearest multiple of this (Anthropic: 1,000;
+    /// 0: exact). A rounded count is read as the most it could be (`remaining` plus half the
+    /// rounding, less one), so that rounding never lowers the windows below what is really
+    /// left; spending smaller than half the rounding goes unseen.
+    pub fn remaining_rounded_to(mut self, rounding: u64) -> Profile {
+        self.rounding = rounding;
         self
     }
 

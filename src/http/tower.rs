@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body::Body;
 
-use super::body::Metered;
+use super::body::{Metered, read_short};
 use super::gate::{Gate, PermanentRefusal, Verdict};
 
 /// An error of any kind, boxed: tollgate's own, [`PermanentRefusal`], or the inner service's.
@@ -107,25 +107,6 @@ pub struct GateService<S> {
     gate: Gate,
 }
 
-/// Reads a short body whole (a 429's error), at most 1 MiB of it.
-pub(crate) async fn read_short<B>(body: B) -> Result<Bytes, BoxError>
-where
-    B: Body,
-    B::Data: Into<Bytes>,
-    B::Error: Into<BoxError>,
-{
-    let mut body = Box::pin(body);
-    let mut kept = Vec::new();
-    while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
-        if let Ok(data) = frame.map_err(Into::into)?.into_data() {
-            let data: Bytes = data.into();
-            let room = (1usize << 20).saturating_sub(kept.len());
-            kept.extend_from_slice(&data[..data.len().min(room)]);
-        }
-    }
-    Ok(Bytes::from(kept))
-}
-
 fn is_event_stream(headers: &http::HeaderMap) -> bool {
     headers
         .get(http::header::CONTENT_TYPE)
@@ -179,7 +160,7 @@ where
                     let body = Metered::new(EitherBody::Inner(response_body), call, stream);
                     return Ok(Response::from_parts(head, body));
                 }
-                let error = read_short(response_body).await?;
+                let error = read_short(response_body).await.map_err(Into::into)?;
                 match call
                     .respond(head.status, &head.headers, Some(&error))
                     .await?

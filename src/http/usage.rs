@@ -123,6 +123,7 @@ const LONGEST_LINE: usize = 4 << 20;
 #[derive(Debug)]
 pub struct UsageScanner {
     stream: bool,
+    done: bool,
     kept: Vec<u8>,
     overflowed: bool,
     reported: Reported,
@@ -133,6 +134,7 @@ impl UsageScanner {
     pub fn new(stream: bool) -> UsageScanner {
         UsageScanner {
             stream,
+            done: false,
             kept: Vec::new(),
             overflowed: false,
             reported: Reported::default(),
@@ -179,9 +181,31 @@ impl UsageScanner {
         let Some(data) = line.strip_prefix(b"data:") else {
             return;
         };
-        if let Ok(value) = serde_json::from_slice::<Value>(data.trim_ascii()) {
-            self.reported.take(&value);
+        let data = data.trim_ascii();
+        if data == b"[DONE]" {
+            self.done = true;
+            return;
         }
+        if let Ok(value) = serde_json::from_slice::<Value>(data) {
+            self.reported.take(&value);
+            if matches!(
+                value.get("type").and_then(Value::as_str),
+                Some("message_stop" | "response.completed")
+            ) {
+                self.done = true;
+            }
+        }
+    }
+
+    /// True once a stream has sent its last event (`data: [DONE]`, Anthropic's
+    /// `message_stop`, the responses API's `response.completed`): its usage is all in.
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// What the body reported so far.
+    pub fn reported(&self) -> Reported {
+        self.reported
     }
 
     /// What the whole body reported.

@@ -1,0 +1,135 @@
+//! async-openai's middleware (feature `async-openai`): a tower layer over its
+//! `Service<HttpRequestFactory>`, installed with `Client::with_http_service`.
+//!
+//! Every attempt the client sends passes through the gate: put this layer inside any retry
+//! layer (`OpenAIRetryLayer`), or let the gate retry and use none. A retry layer outside this
+//! one sends each of its attempts through tollgate, which pays its toll again; a retry layer
+//! inside it would send attempts tollgate never sees.
+//!
+//! ```no_run
+//! use async_openai::Client;
+//! use async_openai::config::OpenAIConfig;
+//! use async_openai::middleware::ReqwestService;
+//! use tollgate::Limits;
+//! use tollgate::http::async_openai::GateLayer;
+//! use tollgate::http::{Gate, Profile};
+//!
+//! # fn main() -> Result<(), tollgate::Error> {
+//! let gate = Gate::builder(Profile::openai())
+//!     .limits(Limits::parse("500/m", "30000/m")?)
+//!     .retries(3)
+//!     .build()?;
+//! let service = tower::ServiceBuilder::new()
+//!     .layer(GateLayer::new(gate))
+//!     .service(ReqwestService::new(reqwest::Client::new()));
+//! let client = Client::with_config(OpenAIConfig::default()).with_http_service(service);
+//! # let _ = client;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use async_openai::error::OpenAIError;
+use async_openai::middleware::HttpRequestFactory;
+
+use super::gate::Gate;
+use super::reqwest::{Failure, Then, after, bytes_of, head_of};
+
+/// Wraps an async-openai HTTP service in a [`GateService`].
+#[derive(Debug, Clone)]
+pub struct GateLayer {
+    gate: Gate,
+}
+
+impl GateLayer {
+    /// A layer that sends every request through `gate`.
+    pub fn new(gate: Gate) -> GateLayer {
+        GateLayer { gate }
+    }
+}
+
+impl<S> tower_layer::Layer<S> for GateLayer {
+    type Service = GateService<S>;
+
+    fn layer(&self, inner: S) -> GateService<S> {
+        GateService {
+            inner,
+            gate: self.gate.clone(),
+        }
+    }
+}
+
+/// An async-openai HTTP service whose every request pays its toll first, is retried after a
+/// transient 429 (up to the gate's retries), fails at once on a permanent one
+/// (`OpenAIError::Boxed` holding a [`PermanentRefusal`](super::PermanentRefusal)), and whose
+/// response body settles the call when it ends, streams included.
+#[derive(Debug, Clone)]
+pub struct GateService<S> {
+    inner: S,
+    gate: Gate,
+}
+
+fn told(failure: Failure) -> OpenAIError {
+    match failure {
+        Failure::Gate(err) => OpenAIError::Boxed(Box::new(err)),
+        Failure::Permanent(refusal) => OpenAIError::Boxed(Box::new(refusal)),
+        Failure::Read(err) => OpenAIError::Reqwest(err),
+    }
+}
+
+impl<S> tower_service::Service<HttpRequestFactory> for GateService<S>
+where
+    S: tower_service::Service<HttpRequestFactory, Response = reqwest::Response>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<OpenAIError>,
+{
+    type Response = reqwest::Response;
+    type Error = OpenAIError;
+    type Future = Pin<Box<dyn Future<Output = Result<reqwest::Response, OpenAIError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), OpenAIError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, factory: HttpRequestFactory) -> Self::Future {
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let gate = self.gate.clone();
+        Box::pin(async move {
+            // Built once to read it; the inner service builds its own for each attempt.
+            let (head, bytes) = {
+                let request = factory.build().await?;
+                (head_of(&request), bytes_of(&request))
+            };
+            let mut attempt = 0;
+            loop {
+                let call = gate
+                    .admit(&head, &bytes)
+                    .await
+                    .map_err(|e| told(e.into()))?;
+                if attempt > 0 {
+                    std::future::poll_fn(|cx| inner.poll_ready(cx))
+                        .await
+                        .map_err(Into::into)?;
+                }
+                let response = inner.call(factory.clone()).await.map_err(Into::into)?;
+                match after(&gate, call, response, attempt, true)
+                    .await
+                    .map_err(told)?
+                {
+                    Then::Done(response) => return Ok(response),
+                    Then::Retry(delay) => {
+                        tokio::time::sleep(delay).await;
+                        attempt += 1;
+                    }
+                }
+            }
+        })
+    }
+}

@@ -1,0 +1,118 @@
+//! What the reqwest-based adapters (async-openai, reqwest-middleware) share: a request's head
+//! as `http` types, and what to do with a `reqwest::Response`.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use reqwest::ResponseBuilderExt as _;
+
+use super::body::{Metered, read_short};
+use super::gate::{Call, Gate, PermanentRefusal, Verdict};
+
+/// Why an adapter's call failed, before it is told in the client's own error type.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// tollgate refused or could not wait (timeout, store down, ...).
+    Gate(crate::Error),
+    /// A 429 no retry can fix.
+    Permanent(PermanentRefusal),
+    /// The body of a 429 could not be read.
+    Read(reqwest::Error),
+}
+
+impl From<crate::Error> for Failure {
+    fn from(err: crate::Error) -> Failure {
+        Failure::Gate(err)
+    }
+}
+
+/// What to do after a response.
+pub(crate) enum Then {
+    /// Hand this response to the caller.
+    Done(reqwest::Response),
+    /// Send the request again after this long.
+    Retry(Duration),
+}
+
+/// The request's head as `http` types, for the gate's key function.
+pub(crate) fn head_of(request: &reqwest::Request) -> http::request::Parts {
+    let built = http::Request::builder()
+        .method(request.method().clone())
+        .uri(request.url().as_str())
+        .body(());
+    let (mut parts, ()) = built
+        .unwrap_or_else(|_| http::Request::new(()))
+        .into_parts();
+    parts.headers = request.headers().clone();
+    parts
+}
+
+/// The request body's bytes (empty for a streaming body, which is sent with the cost of an
+/// empty one).
+pub(crate) fn bytes_of(request: &reqwest::Request) -> Vec<u8> {
+    request
+        .body()
+        .and_then(reqwest::Body::as_bytes)
+        .map(<[u8]>::to_vec)
+        .unwrap_or_default()
+}
+
+fn is_event_stream(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"))
+}
+
+/// Rebuilds `response` (keeping its URL, headers and extensions) around another body.
+fn rebuild(
+    url: reqwest::Url,
+    parts: http::response::Parts,
+    body: reqwest::Body,
+) -> reqwest::Response {
+    let mut builder = http::Response::builder()
+        .status(parts.status)
+        .version(parts.version)
+        .url(url);
+    if let Some(headers) = builder.headers_mut() {
+        *headers = parts.headers;
+    }
+    if let Some(extensions) = builder.extensions_mut() {
+        extensions.extend(parts.extensions);
+    }
+    reqwest::Response::from(builder.body(body).expect("the parts of a valid response"))
+}
+
+/// Reads the response's head into `call` (header sync; a 429's verdict), and answers what the
+/// adapter does next: hand over the response, its body metered so that the call settles
+/// when it ends, or retry.
+pub(crate) async fn after(
+    gate: &Gate,
+    mut call: Call,
+    response: reqwest::Response,
+    attempt: u32,
+    can_retry: bool,
+) -> Result<Then, Failure> {
+    let url = response.url().clone();
+    let (parts, body) = http::Response::<reqwest::Body>::from(response).into_parts();
+    if parts.status != http::StatusCode::TOO_MANY_REQUESTS {
+        call.respond(parts.status, &parts.headers, None).await?;
+        let stream = is_event_stream(&parts.headers) || call.is_stream();
+        let body = reqwest::Body::wrap(Metered::new(body, call, stream));
+        return Ok(Then::Done(rebuild(url, parts, body)));
+    }
+    let error: Bytes = read_short(body).await.map_err(Failure::Read)?;
+    match call
+        .respond(parts.status, &parts.headers, Some(&error))
+        .await?
+    {
+        Verdict::Permanent { code } => Err(Failure::Permanent(PermanentRefusal {
+            profile: gate.profile().name().to_owned(),
+            code,
+        })),
+        Verdict::Transient { pause } if can_retry && attempt < gate.retries() => {
+            Ok(Then::Retry(gate.retry_delay(attempt, pause)))
+        }
+        _ => Ok(Then::Done(rebuild(url, parts, reqwest::Body::from(error)))),
+    }
+}
