@@ -138,3 +138,26 @@ async fn settling_charges_an_underestimate_and_refunds_an_overestimate() {
     let permit = limiter.acquire(Cost::call(10)).await.unwrap();
     assert_eq!(permit.settle(10).await.unwrap(), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_shortfall_a_429_already_counted_is_not_charged_again() {
+    let limiter = limiter("", "1000/d");
+    let early = limiter.acquire(Cost::call(300)).await.unwrap();
+    let refunded = limiter.acquire(Cost::call(300)).await.unwrap();
+    // A 429 for a third call empties the windows: the provider has counted the first two.
+    limiter.penalize(Duration::from_secs(1)).await.unwrap();
+    // The first used 500: its shortfall of 200 is in the provider's count already.
+    assert_eq!(early.settle(500).await.unwrap(), 0);
+    assert!(limiter.snapshot().await.unwrap()[0].tokens.is(0, 1));
+    // The second used 100: its overestimate of 200 comes back.
+    assert_eq!(refunded.settle(100).await.unwrap(), 200);
+    assert_eq!(limiter.snapshot().await.unwrap()[0].tokens.whole(), 200);
+    // A call admitted after the penalty settles in full, shortfall included.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let later = limiter.acquire(Cost::call(100)).await.unwrap();
+    assert_eq!(later.settle(250).await.unwrap(), -150);
+    assert_eq!(
+        limiter.snapshot().await.unwrap()[0].tokens.whole(),
+        200 - 100 - 150
+    );
+}

@@ -199,6 +199,7 @@ impl<S: Store> LimiterBuilder<S> {
                 meters: OnceLock::new(),
                 health: OnceLock::new(),
                 line: super::line::Line::default(),
+                penalties: std::sync::atomic::AtomicU64::new(0),
             }),
         })
     }

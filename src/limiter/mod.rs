@@ -67,6 +67,9 @@ struct Inner<S: Store> {
     health: OnceLock<health::Health>,
     /// Waiters behind calls of this limiter that have yet to pass.
     line: line::Line,
+    /// How many 429 penalties this process applied to the key: a permit admitted before one
+    /// was counted by the provider's refusal, so its shortfall is not charged again.
+    penalties: std::sync::atomic::AtomicU64,
 }
 
 /// The metrics of one key, through the `metrics` facade. Without an installed recorder these
@@ -254,6 +257,11 @@ impl<S: Store> Limiter<S> {
         self.inner.waiters.load(Ordering::Acquire)
     }
 
+    /// True when a penalty came after `penalties` were counted.
+    pub(crate) fn penalized_since(&self, penalties: u64) -> bool {
+        self.inner.penalties.load(Ordering::Acquire) != penalties
+    }
+
     fn meters(&self) -> &Meters {
         self.inner
             .meters
@@ -267,6 +275,7 @@ impl<S: Store> Limiter<S> {
     pub async fn penalize(&self, retry_after: Duration) -> Result<(), Error> {
         self.call_bounded(Op::Penalize { pause: retry_after })
             .await?;
+        self.inner.penalties.fetch_add(1, Ordering::Release);
         self.meters().penalties.increment(1);
         tracing::warn!(key = %self.inner.key, ?retry_after, "the provider refused a call; pausing the key");
         Ok(())
@@ -293,7 +302,8 @@ impl<S: Store> Limiter<S> {
         meters.admitted.increment(1);
         meters.tokens.increment(cost.tokens);
         meters.waited.record(waited.as_secs_f64());
-        Permit::new(self.clone(), cost, waited)
+        let penalties = self.inner.penalties.load(Ordering::Acquire);
+        Permit::new(self.clone(), cost, waited, penalties)
     }
 
     /// Admits `cost` now if every window can pay for it (on top of every call waiting), without

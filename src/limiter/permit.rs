@@ -39,6 +39,8 @@ pub struct Permit<S: Store = AnyStore> {
     limiter: Limiter<S>,
     cost: Cost,
     waited: Duration,
+    /// The limiter's count of penalties when this call was admitted.
+    penalties: u64,
 }
 
 /// What settling changed, per currency: positive for a refund, negative for a charge.
@@ -58,11 +60,17 @@ fn delta(charged: u64, used: Option<u64>) -> i64 {
 }
 
 impl<S: Store> Permit<S> {
-    pub(super) fn new(limiter: Limiter<S>, cost: Cost, waited: Duration) -> Permit<S> {
+    pub(super) fn new(
+        limiter: Limiter<S>,
+        cost: Cost,
+        waited: Duration,
+        penalties: u64,
+    ) -> Permit<S> {
         Permit {
             limiter,
             cost,
             waited,
+            penalties,
         }
     }
 
@@ -109,6 +117,10 @@ impl<S: Store> Permit<S> {
     /// Settles every currency the usage reports (tokens, output tokens) against what was
     /// charged for it; a currency the usage leaves out stays as charged.
     ///
+    /// A call admitted before a [`penalize`](Limiter::penalize) in this process is refunded
+    /// an overestimate but not charged its shortfall: the provider's 429 already counted it,
+    /// and the penalty emptied the windows, so charging it again would count it twice.
+    ///
     /// ```
     /// use tollgate::{Cost, Limiter, Limits, Usage};
     ///
@@ -125,6 +137,11 @@ impl<S: Store> Permit<S> {
     /// ```
     pub async fn settle_usage(self, usage: Usage) -> Result<Settled, Error> {
         let limits = self.limiter.limits();
+        let mut usage = usage;
+        if self.limiter.penalized_since(self.penalties) {
+            usage.tokens = usage.tokens.map(|t| t.min(self.cost.tokens));
+            usage.output_tokens = usage.output_tokens.map(|t| t.min(self.cost.output_tokens));
+        }
         let settled = Settled {
             tokens: if limits.tokens().is_empty() {
                 0
