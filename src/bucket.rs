@@ -277,6 +277,9 @@ pub(crate) enum Step {
     Lost,
     /// Done (adjustments, penalties, cancellations).
     Done,
+    /// Lowered: how many whole tokens the window of the currency closest to the remaining
+    /// count held above it (negative: below, and nothing was lowered there).
+    Lowered(i64),
 }
 
 /// Tokens to add to (or, negative, take from) the windows of each currency.
@@ -701,15 +704,23 @@ impl KeyState {
         remaining: u64,
     ) -> Step {
         self.refilled(limits, now);
+        // How far above `remaining` the window closest to it was (negative: below).
+        let mut above: Option<i64> = None;
         for ((c, w), level) in windows(limits).zip(self.real.units.iter_mut()) {
             if c == currency {
-                *level = (*level).min(w.units(remaining.min(w.rate.burst())));
+                let target = w.units(remaining.min(w.rate.burst()));
+                let tokens = (*level - target).div_euclid(i128::from(w.rate.period_nanos()));
+                let tokens =
+                    i64::try_from(tokens).unwrap_or(if tokens > 0 { i64::MAX } else { i64::MIN });
+                above = Some(above.map_or(tokens, |a| a.min(tokens)));
+                *level = (*level).min(target);
             }
         }
+        let lowered = above.unwrap_or(0);
         if let Some(queue) = self.queue.as_mut() {
             queue.shadow = None;
         }
-        Step::Done
+        Step::Lowered(lowered)
     }
 
     /// What every window holds at `now`.

@@ -675,3 +675,53 @@ fn penalties_and_settlements_on_redis() {
         assert!(left[0].tokens.is(1000, 1), "{:?}", left[0].tokens);
     });
 }
+
+/// Lowering answers what it took, the same on both stores; it never raises a window.
+async fn lowering_answers_what_it_took<S: tollgate::Store>(limiter: Limiter<S>) {
+    limiter.acquire(Cost::call(100)).await.unwrap();
+    // 1000/d and 50000/d: 900 and 49,900 left (a day refills under a token here). The answer
+    // is the window closest to the count: 300 above 600 (and lowered to it), then 100 below
+    // 700 (and left), then 600 above 0.
+    assert_eq!(
+        limiter
+            .lower(tollgate::Currency::Tokens, 600)
+            .await
+            .unwrap(),
+        300
+    );
+    assert_eq!(
+        limiter
+            .lower(tollgate::Currency::Tokens, 700)
+            .await
+            .unwrap(),
+        -100
+    );
+    assert_eq!(
+        limiter.lower(tollgate::Currency::Tokens, 0).await.unwrap(),
+        600
+    );
+    let left = limiter.snapshot().await.unwrap();
+    assert_eq!(left[1].tokens.whole(), 0);
+    assert_eq!(left[2].tokens.whole(), 0);
+    assert_eq!(left[0].tokens.whole(), 999);
+}
+
+#[test]
+fn lowering_answers_what_it_took_on_both_stores() {
+    let limits = Limits::parse("1000/d", "1000/d; 50000/d").unwrap();
+    runtime().block_on(async {
+        let memory = Limiter::builder("lower", limits.clone()).build().unwrap();
+        lowering_answers_what_it_took(memory).await;
+    });
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let store = connect(&server).await;
+        let redis = Limiter::builder("lower", limits)
+            .store(store)
+            .build()
+            .unwrap();
+        lowering_answers_what_it_took(redis).await;
+    });
+}

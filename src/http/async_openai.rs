@@ -109,7 +109,7 @@ where
             };
             let mut attempt = 0;
             loop {
-                let call = gate
+                let mut call = gate
                     .admit(&head, &bytes)
                     .await
                     .map_err(|e| told(e.into()))?;
@@ -118,6 +118,7 @@ where
                         .await
                         .map_err(Into::into)?;
                 }
+                call.sending();
                 let response = inner.call(factory.clone()).await.map_err(Into::into)?;
                 match after(&gate, call, response, attempt, true)
                     .await

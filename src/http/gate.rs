@@ -11,6 +11,7 @@ use http::{HeaderMap, StatusCode};
 use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::foreign::{Foreign, start_charger};
 use super::headers::{RateHeader, rate_headers, retry_pause};
 use super::profile::{OutputTo, Profile};
 use super::usage::{Reported, error_code};
@@ -60,11 +61,24 @@ pub struct PermanentRefusal {
     pub code: Option<String>,
 }
 
-/// Calls on one key that are in flight, numbered in the order they were admitted.
+/// How far apart two calls must have been sent for the later to be taken as unseen by the
+/// provider when it answered the earlier: calls sent closer together may reach it in either
+/// order. Taking one as seen when it was not lowers the windows too little, which the next
+/// response corrects; the other way round would lower them for good.
+const SEND_SKEW: Duration = Duration::from_millis(20);
+
+/// One call in flight: what it was charged, and when it was sent (or admitted, until sent).
+#[derive(Debug, Clone, Copy)]
+struct Flight {
+    cost: Cost,
+    sent: tokio::time::Instant,
+}
+
+/// Calls on one key that are in flight, numbered in the order they were sent.
 #[derive(Debug, Default)]
 struct Ledger {
     next: u64,
-    in_flight: BTreeMap<u64, Cost>,
+    in_flight: BTreeMap<u64, Flight>,
     /// Calls numbered up to this one were already seen by the provider when a response's
     /// headers or a 429 brought the windows in line: their shortfalls are in the provider's
     /// count, and must not be charged again when they settle.
@@ -72,13 +86,29 @@ struct Ledger {
 }
 
 impl Ledger {
-    /// What the calls admitted after `number`, still in flight, were charged in `currency`:
-    /// the provider had not seen them when it answered `number`.
+    /// What the calls sent well after `number` (see [`SEND_SKEW`]), still in flight, were
+    /// charged in `currency`: the provider had not seen them when it answered `number`.
     fn unseen_after(&self, number: u64, currency: Currency) -> u64 {
+        let Some(this) = self.in_flight.get(&number) else {
+            return 0;
+        };
+        let after = this.sent + SEND_SKEW;
         self.in_flight
             .range(number + 1..)
-            .map(|(_, cost)| cost.of(currency))
+            .filter(|(_, flight)| flight.sent > after)
+            .map(|(_, flight)| flight.cost.of(currency))
             .fold(0, u64::saturating_add)
+    }
+
+    /// Whether another call in flight was sent within [`SEND_SKEW`] of `number`: the
+    /// provider's count may or may not hold it, so the count says little of spending elsewhere.
+    fn ambiguous(&self, number: u64) -> bool {
+        let Some(this) = self.in_flight.get(&number) else {
+            return true;
+        };
+        self.in_flight.iter().any(|(&other, flight)| {
+            other != number && flight.sent.max(this.sent) - flight.sent.min(this.sent) <= SEND_SKEW
+        })
     }
 
     fn seen(&mut self, through: u64) {
@@ -94,6 +124,7 @@ struct KeyState {
     learning: Arc<Semaphore>,
     ledger: Mutex<Ledger>,
     warned: AtomicBool,
+    foreign: Arc<Foreign>,
 }
 
 impl KeyState {
@@ -109,6 +140,7 @@ struct Inner {
     key: Arc<KeyFn>,
     limits: LimitsFrom,
     sync: bool,
+    foreign: bool,
     retries: u32,
     backoff: Backoff,
     learn_timeout: Option<Duration>,
@@ -168,6 +200,7 @@ pub struct GateBuilder {
     key: Option<Arc<KeyFn>>,
     limits: Option<LimitsFrom>,
     sync: bool,
+    foreign: bool,
     retries: u32,
     backoff: Backoff,
     learn_timeout: Option<Duration>,
@@ -219,6 +252,17 @@ impl GateBuilder {
         self
     }
 
+    /// Whether header sync also models spending it can't see (on by default): when a sync
+    /// finds the windows held more than the provider said was left, that shortfall over the
+    /// time since the last sync is taken as a rate of spending elsewhere (a neighbour on the
+    /// same quota), and the key is charged at that rate between syncs, corrected by each sync.
+    /// Without it, the windows refill at the configured rate between syncs although part of it
+    /// goes to the neighbour, so calls leave early and meet 429s.
+    pub fn model_foreign_spending(mut self, model: bool) -> GateBuilder {
+        self.foreign = model;
+        self
+    }
+
     /// How many times an adapter sends a request again after a transient 429 (default 3).
     pub fn retries(mut self, retries: u32) -> GateBuilder {
         self.retries = retries;
@@ -267,6 +311,7 @@ impl GateBuilder {
                 key,
                 limits,
                 sync: self.sync,
+                foreign: self.foreign,
                 retries: self.retries,
                 backoff: self.backoff,
                 learn_timeout: self.learn_timeout,
@@ -285,6 +330,7 @@ impl Gate {
             key: None,
             limits: None,
             sync: true,
+            foreign: true,
             retries: 3,
             backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(30)),
             learn_timeout: Some(Duration::from_secs(60)),
@@ -331,6 +377,7 @@ impl Gate {
             learning: Arc::new(Semaphore::new(1)),
             ledger: Mutex::new(Ledger::default()),
             warned: AtomicBool::new(false),
+            foreign: Arc::new(Foreign::default()),
         });
         keys.insert(key, Arc::clone(&state));
         Ok(state)
@@ -370,7 +417,8 @@ impl Gate {
                     let mut ledger = state.ledger();
                     let number = ledger.next;
                     ledger.next += 1;
-                    ledger.in_flight.insert(number, cost);
+                    let sent = tokio::time::Instant::now();
+                    ledger.in_flight.insert(number, Flight { cost, sent });
                     number
                 };
                 return Ok(Call {
@@ -478,6 +526,26 @@ impl Call {
         self.permit.as_ref().map(Permit::cost)
     }
 
+    /// Marks the call as sent now: calls are taken to reach the provider in the order they are
+    /// sent, and a response's `remaining` to count the calls sent before it (its own
+    /// included) and none sent after. Adapters call this right before sending; a call never
+    /// marked keeps its place in the order of admission.
+    pub fn sending(&mut self) {
+        if let Some(number) = self.number.as_mut() {
+            let mut ledger = self
+                .state
+                .ledger
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if let Some(flight) = ledger.in_flight.remove(number) {
+                *number = ledger.next;
+                ledger.next += 1;
+                let sent = tokio::time::Instant::now();
+                ledger.in_flight.insert(*number, Flight { sent, ..flight });
+            }
+        }
+    }
+
     /// True when the request asked for a stream (`"stream": true`): its usage comes in
     /// server-sent events.
     pub fn is_stream(&self) -> bool {
@@ -501,7 +569,8 @@ impl Call {
             self.gate.learn(&self.state, &read)?;
         }
         if let Some(limiter) = self.state.limiter.get() {
-            self.sync(limiter, &read).await?;
+            self.sync(limiter, &read, status == StatusCode::TOO_MANY_REQUESTS)
+                .await?;
         }
         if status != StatusCode::TOO_MANY_REQUESTS {
             return Ok(Verdict::Passed);
@@ -526,6 +595,7 @@ impl Call {
             limiter
                 .penalize(pause.unwrap_or_else(|| gate.backoff.base()))
                 .await?;
+            self.state.foreign.penalized();
             // Every call in flight was either seen by the provider before this 429 or will be
             // refused too; none may charge a shortfall on top of the emptied windows.
             let mut ledger = self.state.ledger();
@@ -536,9 +606,20 @@ impl Call {
         Ok(Verdict::Transient { pause })
     }
 
-    async fn sync(&self, limiter: &Limiter, read: &[RateHeader]) -> Result<(), Error> {
+    async fn sync(
+        &self,
+        limiter: &Limiter,
+        read: &[RateHeader],
+        refused: bool,
+    ) -> Result<(), Error> {
         let gate = &self.gate.inner;
         let limits = limiter.limits();
+        let model = gate.sync && gate.foreign;
+        if model {
+            // What the model says was spent elsewhere is charged first, so that a sync
+            // measures only what the model missed.
+            self.state.foreign.charge(limiter).await?;
+        }
         for header in read {
             let configured = limits.of(header.currency);
             if configured.is_empty() {
@@ -566,17 +647,41 @@ impl Call {
             } else {
                 remaining
             };
-            let target = match self.number {
+            let (target, clear) = match self.number {
                 Some(number) => {
                     let mut ledger = self.state.ledger();
                     ledger.seen(number);
-                    remaining.saturating_sub(ledger.unseen_after(number, header.currency))
+                    let mut unseen = ledger.unseen_after(number, header.currency);
+                    // A refused call is charged here and was not there.
+                    if refused && let Some(flight) = ledger.in_flight.get(&number) {
+                        unseen = unseen.saturating_add(flight.cost.of(header.currency));
+                    }
+                    (remaining.saturating_sub(unseen), !ledger.ambiguous(number))
                 }
                 // The call that taught the limits was never charged here, and nothing else
                 // was in flight.
-                None => remaining,
+                None => (remaining, false),
             };
-            limiter.lower(header.currency, target).await?;
+            let target = if model {
+                let capacity = configured.capacity().unwrap_or(0);
+                target.saturating_sub(self.state.foreign.margin(header.currency, capacity))
+            } else {
+                target
+            };
+            let lowered = limiter.lower(header.currency, target).await?;
+            let most = configured
+                .as_slice()
+                .iter()
+                .map(|r| r.amount() as f64 / r.period().as_secs_f64())
+                .fold(f64::INFINITY, f64::min);
+            if model
+                && self
+                    .state
+                    .foreign
+                    .synced(header.currency, lowered, target, most, clear)
+            {
+                start_charger(Arc::downgrade(&self.state.foreign), limiter.clone());
+            }
         }
         Ok(())
     }

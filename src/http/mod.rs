@@ -39,6 +39,7 @@
 //! in flight until their own responses correct it.
 
 mod body;
+mod foreign;
 mod gate;
 mod headers;
 mod profile;

@@ -152,6 +152,7 @@ where
                         .map_err(Into::into)?;
                 }
                 let request = Request::from_parts(parts.clone(), body.clone());
+                call.sending();
                 let response = inner.call(request).await.map_err(Into::into)?;
                 let (head, response_body) = response.into_parts();
                 if head.status != StatusCode::TOO_MANY_REQUESTS {

@@ -10,6 +10,9 @@
 //! line due within one tick then passes within that tick, and a ticket deep in the line is
 //! never woken early. The hint's timer stays armed, for calls ahead that belong to other
 //! processes.
+//!
+//! A refund (a call settled below its estimate) makes tokens exist sooner than the line's
+//! schedule says: the first waiter is rung, and asks at once instead of at its due time.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -30,12 +33,30 @@ struct Place {
     nudge: Option<Arc<Notify>>,
     /// When it will next ask the store (at the latest).
     wake: Option<Instant>,
+    /// How to ring it whatever it waits for (a refund).
+    bell: Option<Arc<Notify>>,
 }
 
 impl Line {
-    /// A waiter holds `ticket` and sleeps until it is due.
-    pub(super) fn join(&self, ticket: u64) {
-        self.lock().insert(ticket, Place::default());
+    /// A waiter holds `ticket` and sleeps until it is due; `bell` rings it early.
+    pub(super) fn join(&self, ticket: u64, bell: &Arc<Notify>) {
+        let place = Place {
+            bell: Some(Arc::clone(bell)),
+            ..Place::default()
+        };
+        self.lock().insert(ticket, place);
+    }
+
+    /// Tokens came back: the first waiter asks again now.
+    pub(super) fn refunded(&self) {
+        let bell = self
+            .lock()
+            .values()
+            .next()
+            .and_then(|place| place.bell.clone());
+        if let Some(bell) = bell {
+            bell.notify_one();
+        }
     }
 
     /// The waiter of `ticket` will ask the store again at `wake` at the latest.
@@ -124,12 +145,13 @@ mod tests {
             Arc::new(Notify::new()),
             Arc::new(Notify::new()),
         );
-        line.join(3);
+        let bell = Arc::new(Notify::new());
+        line.join(3, &bell);
         line.stand(5, &a);
         assert!(line.has_ahead(5));
         assert!(!line.has_ahead(3));
         assert!(!line.stand_if_behind(3, &c));
-        line.join(7);
+        line.join(7, &bell);
         line.stand(9, &b);
         // Ticket 3 passing nudges 5, right behind it.
         line.moved(3);

@@ -257,6 +257,11 @@ impl<S: Store> Limiter<S> {
         self.inner.waiters.load(Ordering::Acquire)
     }
 
+    /// Tokens came back: the first waiter asks now rather than at its due time.
+    pub(crate) fn refunded(&self) {
+        self.inner.line.refunded();
+    }
+
     /// True when a penalty came after `penalties` were counted.
     pub(crate) fn penalized_since(&self, penalties: u64) -> bool {
         self.inner.penalties.load(Ordering::Acquire) != penalties
@@ -283,11 +288,36 @@ impl<S: Store> Limiter<S> {
 
     /// Lowers what the windows of `currency` hold to at most `remaining` (what a provider's
     /// `remaining` header says is left); never raises them, since calls in flight are charged
-    /// here and not yet counted there.
-    pub async fn lower(&self, currency: crate::Currency, remaining: u64) -> Result<(), Error> {
-        self.call_bounded(Op::Lower {
-            currency,
-            remaining,
+    /// here and not yet counted there. Answers how many whole tokens the window closest to
+    /// `remaining` held above it (what was taken off), or, negative, below it.
+    pub async fn lower(&self, currency: crate::Currency, remaining: u64) -> Result<i64, Error> {
+        match self
+            .call_bounded(Op::Lower {
+                currency,
+                remaining,
+            })
+            .await?
+        {
+            Outcome::Lowered(tokens) => Ok(tokens),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Takes `tokens` from every window of `currency` (into debt if need be), for spending
+    /// this process did not make but knows of (another program on the same quota).
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) async fn charge(&self, currency: crate::Currency, tokens: u64) -> Result<(), Error> {
+        let amount = -i64::try_from(tokens).unwrap_or(i64::MAX);
+        let (mut requests, mut token_part, mut output_tokens) = (0, 0, 0);
+        match currency {
+            crate::Currency::Requests => requests = amount,
+            crate::Currency::Tokens => token_part = amount,
+            crate::Currency::OutputTokens => output_tokens = amount,
+        }
+        self.call_bounded(Op::Adjust {
+            requests,
+            tokens: token_part,
+            output_tokens,
         })
         .await
         .map(|_| ())

@@ -165,6 +165,9 @@ impl<S: Store> Permit<S> {
             })
             .await?;
         self.limiter.meters().settlements.increment(1);
+        if settled.tokens > 0 || settled.output_tokens > 0 {
+            self.limiter.refunded();
+        }
         Ok(settled)
     }
 }

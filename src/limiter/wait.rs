@@ -334,7 +334,9 @@ impl<S: Store> Limiter<S> {
             other => return Err(unexpected(&other)),
         };
         let _slot = WaiterSlot::new(&self.inner.waiters);
-        self.inner.line.join(ticket.id());
+        // How the call ahead tells this one it passed (see `Line`), and how a refund rings it.
+        let nudge = Arc::new(Notify::new());
+        self.inner.line.join(ticket.id(), &nudge);
         let mut guard = TicketGuard {
             limiter: self,
             ticket: Some(ticket),
@@ -344,10 +346,10 @@ impl<S: Store> Limiter<S> {
         let backoff = self.inner.policy.backoff();
         let mut sleep = due_in;
         let mut attempt = 0u32;
-        // How the call ahead tells this one it passed (see `Line`), and whether this one is
-        // waiting for that.
-        let nudge = Arc::new(Notify::new());
+        // Whether this one is waiting for the call ahead to pass.
         let mut behind = false;
+        // Whether it was rung by a refund rather than woken by its turn.
+        let mut rung = false;
         // Whether the last wake-up waited for a nudge instead of asking.
         let mut skipped = false;
         // Set for the first retry of the first in line: its tokens exist at the hint.
@@ -364,10 +366,10 @@ impl<S: Store> Limiter<S> {
                 (None, None) => Instant::now() + Duration::from_secs(86_400 * 365),
             };
             self.inner.line.wakes_at(ticket.id(), wake);
-            let woke = doze(wake, failures.as_mut(), behind.then_some(&*nudge), precise).await;
+            let woke = doze(wake, failures.as_mut(), Some(&*nudge), precise).await;
             match woke {
                 Err(failure) => return Err(failure),
-                Ok(Woke::Nudged) => {}
+                Ok(Woke::Nudged) => rung = !behind,
                 // Woken by the deadline before the turn came: it will not come in time.
                 Ok(Woke::Timer) if target.is_none_or(|t| t > wake) => {
                     let needed = target.map(|t| t.saturating_duration_since(wake));
@@ -414,6 +416,17 @@ impl<S: Store> Limiter<S> {
                     precise = false;
                     behind = true;
                 }
+                Outcome::NotYet(hint) if std::mem::take(&mut rung) => {
+                    // Rung by a refund that was not enough yet: not a failed attempt, and the
+                    // hint is exact.
+                    if Self::remaining(deadline).is_some_and(|left| hint > left) {
+                        return Err(self.timeout(start, Some(hint)));
+                    }
+                    self.inner.line.sit(ticket.id());
+                    sleep = hint;
+                    precise = true;
+                    behind = false;
+                }
                 Outcome::NotYet(hint) => {
                     if Self::remaining(deadline).is_some_and(|left| hint > left) {
                         return Err(self.timeout(start, Some(hint)));
@@ -437,7 +450,7 @@ impl<S: Store> Limiter<S> {
                     match self.answer(self.call(op, cost, deadline).await, start)? {
                         Outcome::Admitted => return Ok(self.permit(cost, start)),
                         Outcome::Queued { ticket, due_in } => {
-                            self.inner.line.join(ticket.id());
+                            self.inner.line.join(ticket.id(), &nudge);
                             guard.ticket = Some(ticket);
                             sleep = backoff.sleep_for(due_in, attempt);
                             precise = false;

@@ -191,6 +191,7 @@ impl MemoryStore {
             Step::Behind { ready } => Outcome::Behind(ready.since(now)),
             Step::Lost => Outcome::Lost,
             Step::Done => Outcome::Done,
+            Step::Lowered(tokens) => Outcome::Lowered(tokens),
         })
     }
 

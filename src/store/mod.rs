@@ -84,7 +84,7 @@ pub enum Op {
         pause: Duration,
     },
     /// A provider's `remaining` count: lowers every window of `currency` to at most
-    /// `remaining`; never raises one.
+    /// `remaining`; never raises one. Answers [`Outcome::Lowered`].
     Lower {
         /// The currency the provider counted.
         currency: Currency,
@@ -121,6 +121,10 @@ pub enum Outcome {
     Lost,
     /// Done.
     Done,
+    /// What an [`Op::Lower`] found: how many whole tokens the window of the currency closest
+    /// to `remaining` held above it (what was taken off), or, negative, below it (nothing was
+    /// taken, and this much more was left than the provider said).
+    Lowered(i64),
     /// What every window holds, in the order of [`Limits::windows`].
     Snapshot(Vec<Available>),
 }

@@ -28,6 +28,8 @@ struct Window {
     limit: u128,
     period_ns: u128,
     level: u128,
+    /// Spent by a neighbour beyond what the window held: paid from the refill first.
+    debt: u128,
     last: Instant,
 }
 
@@ -38,6 +40,7 @@ impl Window {
             limit: u128::from(limit),
             period_ns,
             level: u128::from(limit) * period_ns,
+            debt: 0,
             last: now,
         }
     }
@@ -45,6 +48,9 @@ impl Window {
     fn refill(&mut self, now: Instant) {
         let elapsed = now.saturating_duration_since(self.last).as_nanos();
         self.level = (self.level + self.limit * elapsed).min(self.limit * self.period_ns);
+        let paid = self.level.min(self.debt);
+        self.level -= paid;
+        self.debt -= paid;
         self.last = now;
     }
 
@@ -287,6 +293,18 @@ impl Provider {
         let mut windows = self.state.windows.lock().unwrap();
         windows.tokens.refill(Instant::now());
         windows.tokens.whole()
+    }
+
+    /// Spends `tokens` from the token window as another program sharing the quota would,
+    /// without any HTTP, whether or not they fit now: what doesn't is paid from the refill
+    /// before anyone else gets it (a neighbour that always gets its share).
+    pub fn spend_always(&self, tokens: u64) {
+        let mut windows = self.state.windows.lock().unwrap();
+        windows.tokens.refill(Instant::now());
+        let units = u128::from(tokens) * windows.tokens.period_ns;
+        let taken = windows.tokens.level.min(units);
+        windows.tokens.level -= taken;
+        windows.tokens.debt += units - taken;
     }
 
     /// Spends `tokens` from the token window (and a request) as another program sharing the

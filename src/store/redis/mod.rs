@@ -538,6 +538,7 @@ impl RedisStore {
             (Op::Admit { .. }, Reply::Behind { millis, .. }) => Outcome::Behind(ms(millis)),
             (Op::Admit { .. }, Reply::Lost { .. }) => Outcome::Lost,
             (_, Reply::Done { .. }) => Outcome::Done,
+            (Op::Lower { .. }, Reply::Lowered { above, .. }) => Outcome::Lowered(above),
             (op, reply) => {
                 return Err(self.odd_reply(&format!("{reply:?} to {op:?}")));
             }

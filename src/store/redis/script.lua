@@ -16,7 +16,7 @@
 --   cancel    ticket id
 --   adjust    requests, tokens, output tokens to add (negative: to take)
 --   penalize  the pause in milliseconds
---   lower     currency, remaining tokens
+--   lower     currency, remaining tokens (reply: lowered, how far above remaining the closest window was)
 --
 -- Every quantity is an integer below 2^53, where Lua's doubles are exact: the client refuses
 -- limits whose capacity passes 2^46, and this script checks every argument again, answering an
@@ -140,6 +140,14 @@ local function ceil_div(a, b)
   local q = math.floor(a / b)
   if q * b < a then q = q + 1 end
   if q > 0 and (q - 1) * b >= a then q = q - 1 end
+  return q
+end
+
+-- floor(a / b) for integers 0 <= a < 2^53 and 0 < b < 2^47, corrected like ceil_div.
+local function floor_div(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 end
+  if (q + 1) * b <= a then q = q + 1 end
   return q
 end
 
@@ -502,16 +510,27 @@ elseif op == 'lower' then
   local cur = int(ARGV[args + 1], 1, 3)
   local remaining = int(ARGV[args + 2], 0, MAX)
   if cur == nil or remaining == nil then return fail('bad currency or count') end
+  -- How far above `remaining` the window closest to it was (negative: below).
+  local above = nil
   for i = 1, k do
     if w[i].cur == cur then
       local r = remaining
       if r > w[i].burst then r = w[i].burst end
-      if levels[i] > r * w[i].scale then levels[i] = r * w[i].scale end
+      local target = r * w[i].scale
+      local tokens
+      if levels[i] >= target then
+        tokens = floor_div(levels[i] - target, w[i].scale)
+        levels[i] = target
+      else
+        tokens = -ceil_div(target - levels[i], w[i].scale)
+      end
+      if above == nil or tokens < above then above = tokens end
     end
   end
+  if above == nil then above = 0 end
   drop_shadow()
   store()
-  return {'done', now}
+  return {'lowered', above, now}
 elseif op == 'snapshot' then
   local reply = {'levels', now}
   for i = 1, k do

@@ -151,6 +151,10 @@ pub(super) enum Reply {
     Done {
         now_ms: u64,
     },
+    Lowered {
+        above: i64,
+        now_ms: u64,
+    },
     Conflict {
         stored: String,
     },
@@ -169,6 +173,7 @@ impl Reply {
             | Reply::Behind { now_ms, .. }
             | Reply::Lost { now_ms }
             | Reply::Done { now_ms }
+            | Reply::Lowered { now_ms, .. }
             | Reply::Levels { now_ms, .. } => *now_ms,
             Reply::Conflict { .. } => 0,
         }
@@ -217,6 +222,10 @@ pub(super) fn parse_reply(value: Value) -> Option<Reply> {
         },
         "lost" => Reply::Lost { now_ms: uint(1)? },
         "done" => Reply::Done { now_ms: uint(1)? },
+        "lowered" => Reply::Lowered {
+            above: int(1)?,
+            now_ms: uint(2)?,
+        },
         "conflict" => Reply::Conflict {
             stored: as_text(items.get(1)?)?,
         },
