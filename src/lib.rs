@@ -125,6 +125,10 @@
 //! | `huggingface` | any `tokenizer.json` for `hf:<path>` | no |
 //! | `redis` | `store::redis::RedisStore`, shared by every process | no |
 //! | `redis-tls` | `rediss://` URLs through rustls | no |
+//! | `http` | `tollgate::http`: a gate in front of a provider's HTTP API (header sync, usage settlement, final vs transient 429s) | no |
+//! | `tower` | a `tower::Layer` for any `Service<http::Request<B>>` | no |
+//! | `async-openai` | a layer for async-openai's `middleware` feature | no |
+//! | `reqwest-middleware` | a `reqwest-middleware` `Middleware` | no |
 //!
 //! With `default-features = false` the core builds with tokio, serde, rand and tracing only,
 //! and estimates with `words`.
