@@ -289,3 +289,33 @@ async fn a_key_without_limits_takes_them_from_its_first_response_one_call_at_a_t
     assert_eq!(snapshot[0].tokens.whole(), 499 - 1);
     assert_eq!(snapshot[1].tokens.whole(), 29_000 - i128::from(cost.tokens));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_gate_forgets_keys_no_call_holds() {
+    let registry = Arc::new(Registry::new(MemoryStore::new()));
+    let gate = Gate::builder(Profile::openai())
+        .limits(Limits::parse("100/d", "100000/d").unwrap())
+        .registry(Arc::clone(&registry))
+        .key(|head, _| head.uri.path().to_owned())
+        .build()
+        .unwrap();
+    let held = admit(&gate, &chat(1, 0)).await;
+    for tenant in 0..10_000 {
+        let head = http::Request::post(format!("http://provider.invalid/tenant/{tenant}"))
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0;
+        let call = gate.admit(&head, b"{}").await.unwrap();
+        drop(call);
+    }
+    assert!(
+        gate.remembered_keys() <= 4_097,
+        "{}",
+        gate.remembered_keys()
+    );
+    // The key a call holds is kept.
+    assert_eq!(held.key(), "/v1/chat/completions");
+    let again = admit(&gate, &chat(1, 0)).await;
+    assert_eq!(again.cost().unwrap().requests, 1);
+}

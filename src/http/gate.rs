@@ -61,6 +61,10 @@ pub struct PermanentRefusal {
     pub code: Option<String>,
 }
 
+/// How many keys a gate remembers before it forgets those that no call holds (per-tenant
+/// keys must not grow it without bound).
+const KEPT_KEYS: usize = 4_096;
+
 /// How far apart two calls must have been sent for the later to be taken as unseen by the
 /// provider when it answered the earlier: calls sent closer together may reach it in either
 /// order. Taking one as seen when it was not lowers the windows too little, which the next
@@ -337,6 +341,16 @@ impl Gate {
         }
     }
 
+    /// How many keys the gate remembers now (at most a few thousand beyond those that calls
+    /// in flight hold).
+    pub fn remembered_keys(&self) -> usize {
+        self.inner
+            .keys
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
     /// The profile.
     pub fn profile(&self) -> &Profile {
         &self.inner.profile
@@ -366,6 +380,12 @@ impl Gate {
             .unwrap_or_else(PoisonError::into_inner);
         if let Some(state) = keys.get(&key) {
             return Ok(Arc::clone(state));
+        }
+        if keys.len() >= KEPT_KEYS {
+            // Forget the keys no call holds: their windows live on in the store, and what is
+            // lost (the model of spending elsewhere, limits learned from headers, the warning
+            // already given) is learned again on their next call.
+            keys.retain(|_, state| Arc::strong_count(state) > 1);
         }
         let limiter = OnceLock::new();
         if let LimitsFrom::Fixed(limits) = &self.inner.limits {
