@@ -173,3 +173,11 @@ where
     }
     Ok(Bytes::from(kept))
 }
+
+/// Whether a response is a server-sent event stream, by its content type.
+pub(crate) fn is_event_stream(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"))
+}

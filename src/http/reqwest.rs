@@ -6,7 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use reqwest::ResponseBuilderExt as _;
 
-use super::body::{Metered, read_short};
+use super::body::{Metered, is_event_stream, read_short};
 use super::gate::{Call, Gate, PermanentRefusal, Verdict};
 
 /// Why an adapter's call failed, before it is told in the client's own error type.
@@ -55,13 +55,6 @@ pub(crate) fn bytes_of(request: &reqwest::Request) -> Vec<u8> {
         .and_then(reqwest::Body::as_bytes)
         .map(<[u8]>::to_vec)
         .unwrap_or_default()
-}
-
-fn is_event_stream(headers: &http::HeaderMap) -> bool {
-    headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"))
 }
 
 /// Rebuilds `response` (keeping its URL, headers and extensions) around another body.

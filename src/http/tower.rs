@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body::Body;
 
-use super::body::{Metered, read_short};
+use super::body::{Metered, is_event_stream, read_short};
 use super::gate::{Gate, PermanentRefusal, Verdict};
 
 /// An error of any kind, boxed: tollgate's own, [`PermanentRefusal`], or the inner service's.
@@ -105,13 +105,6 @@ impl<S> tower_layer::Layer<S> for GateLayer {
 pub struct GateService<S> {
     inner: S,
     gate: Gate,
-}
-
-fn is_event_stream(headers: &http::HeaderMap) -> bool {
-    headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"))
 }
 
 impl<S, B, RB> tower_service::Service<Request<B>> for GateService<S>
