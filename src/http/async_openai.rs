@@ -35,42 +35,11 @@ use std::task::{Context, Poll};
 use async_openai::error::OpenAIError;
 use async_openai::middleware::HttpRequestFactory;
 
-use super::gate::Gate;
 use super::reqwest::{Failure, Then, after, bytes_of, head_of};
 
-/// Wraps an async-openai HTTP service in a [`GateService`].
-#[derive(Debug, Clone)]
-pub struct GateLayer {
-    gate: Gate,
-}
-
-impl GateLayer {
-    /// A layer that sends every request through `gate`.
-    pub fn new(gate: Gate) -> GateLayer {
-        GateLayer { gate }
-    }
-}
-
-impl<S> tower_layer::Layer<S> for GateLayer {
-    type Service = GateService<S>;
-
-    fn layer(&self, inner: S) -> GateService<S> {
-        GateService {
-            inner,
-            gate: self.gate.clone(),
-        }
-    }
-}
-
-/// An async-openai HTTP service whose every request pays its toll first, is retried after a
-/// transient 429 (up to the gate's retries), fails at once on a permanent one
-/// (`OpenAIError::Boxed` holding a [`PermanentRefusal`](super::PermanentRefusal)), and whose
-/// response body settles the call when it ends, streams included.
-#[derive(Debug, Clone)]
-pub struct GateService<S> {
-    inner: S,
-    gate: Gate,
-}
+// One layer and one service for every tower stack: `GateService` also speaks async-openai's
+// request type, below.
+pub use super::tower::{GateLayer, GateService};
 
 fn told(failure: Failure) -> OpenAIError {
     match failure {
@@ -80,6 +49,10 @@ fn told(failure: Failure) -> OpenAIError {
     }
 }
 
+/// async-openai's requests: each pays its toll first, is retried after a transient 429 (up
+/// to the gate's retries), fails at once on a permanent one (`OpenAIError::Boxed` holding a
+/// [`PermanentRefusal`](super::PermanentRefusal)), and its response body settles the call when
+/// it ends, streams included.
 impl<S> tower_service::Service<HttpRequestFactory> for GateService<S>
 where
     S: tower_service::Service<HttpRequestFactory, Response = reqwest::Response>
@@ -94,13 +67,11 @@ where
     type Future = Pin<Box<dyn Future<Output = Result<reqwest::Response, OpenAIError>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), OpenAIError>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
+        self.inner_mut().poll_ready(cx).map_err(Into::into)
     }
 
     fn call(&mut self, factory: HttpRequestFactory) -> Self::Future {
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let gate = self.gate.clone();
+        let (mut inner, gate) = self.take();
         Box::pin(async move {
             // Built once to read it; the inner service builds its own for each attempt.
             let (head, bytes) = {

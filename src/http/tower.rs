@@ -100,11 +100,27 @@ impl<S> tower_layer::Layer<S> for GateLayer {
 
 /// A service whose every request pays its toll first, is retried after a transient 429 (up
 /// to the gate's [`retries`](Gate::retries)), fails at once with [`PermanentRefusal`] on a
-/// permanent one, and whose response body settles the call when it ends.
+/// permanent one, and whose response body settles the call when it ends. It serves
+/// `http::Request<B>` and, with the `async-openai` feature, async-openai's requests.
 #[derive(Debug, Clone)]
 pub struct GateService<S> {
     inner: S,
     gate: Gate,
+}
+
+impl<S: Clone> GateService<S> {
+    /// The service that was made ready, and the gate, for one call; a clone of the service
+    /// takes its place.
+    pub(crate) fn take(&mut self) -> (S, Gate) {
+        let clone = self.inner.clone();
+        (std::mem::replace(&mut self.inner, clone), self.gate.clone())
+    }
+}
+
+impl<S> GateService<S> {
+    pub(crate) fn inner_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
 }
 
 impl<S, B, RB> tower_service::Service<Request<B>> for GateService<S>
@@ -127,9 +143,7 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         // The service that was made ready is the one that sends; a clone takes its place.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let gate = self.gate.clone();
+        let (mut inner, gate) = self.take();
         Box::pin(async move {
             let (parts, body) = request.into_parts();
             let bytes = body
