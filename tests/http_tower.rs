@@ -26,6 +26,14 @@ use tower::{ServiceBuilder, ServiceExt};
 
 const DAY: Duration = Duration::from_secs(86_400);
 
+/// Requests and tokens per day.
+fn per_day(requests: u64, tokens: u64) -> Limits {
+    Limits::new(
+        tollgate::Rate::new(requests, DAY).unwrap(),
+        tollgate::Rate::new(tokens, DAY).unwrap(),
+    )
+}
+
 fn client() -> Client<HttpConnector, Full<Bytes>> {
     Client::builder(TokioExecutor::new()).build_http()
 }
@@ -98,10 +106,7 @@ impl Setup {
 
 #[tokio::test]
 async fn a_plain_answer_settles_the_call_with_its_usage() {
-    let limits = Limits::new(
-        tollgate::Rate::new(1_000, DAY).unwrap(),
-        tollgate::Rate::new(10_000, DAY).unwrap(),
-    );
+    let limits = per_day(1_000, 10_000);
     let s = setup(
         Options::openai(1_000, 10_000, DAY),
         Profile::openai(),
@@ -123,10 +128,7 @@ async fn a_plain_answer_settles_the_call_with_its_usage() {
 
 #[tokio::test]
 async fn a_streamed_answer_settles_from_its_last_chunk() {
-    let limits = Limits::new(
-        tollgate::Rate::new(1_000, DAY).unwrap(),
-        tollgate::Rate::new(10_000, DAY).unwrap(),
-    );
+    let limits = per_day(1_000, 10_000);
     let s = setup(
         Options::openai(1_000, 10_000, DAY),
         Profile::openai(),
@@ -149,10 +151,7 @@ async fn a_streamed_answer_settles_from_its_last_chunk() {
 
 #[tokio::test]
 async fn a_neighbours_spending_lowers_the_windows_and_a_larger_remaining_never_raises_them() {
-    let limits = Limits::new(
-        tollgate::Rate::new(1_000, DAY).unwrap(),
-        tollgate::Rate::new(10_000, DAY).unwrap(),
-    );
+    let limits = per_day(1_000, 10_000);
     let s = setup(
         Options::openai(1_000, 10_000, DAY),
         Profile::openai(),
@@ -171,10 +170,7 @@ async fn a_neighbours_spending_lowers_the_windows_and_a_larger_remaining_never_r
     );
 
     // Configured below the provider: its larger remaining leaves the windows alone.
-    let small = Limits::new(
-        tollgate::Rate::new(1_000, DAY).unwrap(),
-        tollgate::Rate::new(5_000, DAY).unwrap(),
-    );
+    let small = per_day(1_000, 5_000);
     let s = setup(
         Options::openai(1_000, 10_000, DAY),
         Profile::openai(),
@@ -240,11 +236,8 @@ async fn a_transient_429_is_retried_after_the_providers_pause_and_pays_again() {
 
 #[tokio::test]
 async fn anthropic_output_is_its_own_currency_and_settles_from_the_stream() {
-    let limits = Limits::new(
-        tollgate::Rate::new(1_000, DAY).unwrap(),
-        tollgate::Rate::new(10_000, DAY).unwrap(),
-    )
-    .with_output_tokens(tollgate::Rate::new(4_000, DAY).unwrap());
+    let limits =
+        per_day(1_000, 10_000).with_output_tokens(tollgate::Rate::new(4_000, DAY).unwrap());
     let s = setup(
         Options::anthropic(1_000, 10_000, 4_000, DAY),
         Profile::anthropic(),

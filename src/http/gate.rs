@@ -90,6 +90,15 @@ struct Ledger {
 }
 
 impl Ledger {
+    /// A call of `cost` goes out now: its number, after every call already in flight.
+    fn push(&mut self, cost: Cost) -> u64 {
+        let number = self.next;
+        self.next += 1;
+        let sent = tokio::time::Instant::now();
+        self.in_flight.insert(number, Flight { cost, sent });
+        number
+    }
+
     /// What the calls sent well after `number` (see [`SEND_SKEW`]), still in flight, were
     /// charged in `currency`: the provider had not seen them when it answered `number`.
     fn unseen_after(&self, number: u64, currency: Currency) -> u64 {
@@ -433,14 +442,7 @@ impl Gate {
             if let Some(limiter) = state.limiter.get() {
                 let cost = self.cost_of(&value, Some(limiter.limits()))?;
                 let permit = limiter.acquire(cost).await?;
-                let number = {
-                    let mut ledger = state.ledger();
-                    let number = ledger.next;
-                    ledger.next += 1;
-                    let sent = tokio::time::Instant::now();
-                    ledger.in_flight.insert(number, Flight { cost, sent });
-                    number
-                };
+                let number = state.ledger().push(cost);
                 return Ok(Call {
                     gate: self.clone(),
                     state,
@@ -552,16 +554,9 @@ impl Call {
     /// marked keeps its place in the order of admission.
     pub fn sending(&mut self) {
         if let Some(number) = self.number.as_mut() {
-            let mut ledger = self
-                .state
-                .ledger
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut ledger = self.state.ledger();
             if let Some(flight) = ledger.in_flight.remove(number) {
-                *number = ledger.next;
-                ledger.next += 1;
-                let sent = tokio::time::Instant::now();
-                ledger.in_flight.insert(*number, Flight { sent, ..flight });
+                *number = ledger.push(flight.cost);
             }
         }
     }
