@@ -261,7 +261,7 @@ fn rows() -> Vec<Row> {
     let paragraphs = paragraphs();
     let mut long = vec![message("system", "You are a careful technical editor.")];
     for turn in 0..60 {
-        let role = if turn % 2 == 0 { "user" } else { "assistant" };
+        let role = if turn.is_multiple_of(2) { "user" } else { "assistant" };
         long.push(message(role, &paragraphs[turn % paragraphs.len()]));
     }
     let body = json!({"model": "gpt-4o", "max_tokens": 1000, "messages": as_json(&long)});
@@ -342,7 +342,7 @@ fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
