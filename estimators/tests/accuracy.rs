@@ -261,7 +261,11 @@ fn rows() -> Vec<Row> {
     let paragraphs = paragraphs();
     let mut long = vec![message("system", "You are a careful technical editor.")];
     for turn in 0..60 {
-        let role = if turn.is_multiple_of(2) { "user" } else { "assistant" };
+        let role = if turn.is_multiple_of(2) {
+            "user"
+        } else {
+            "assistant"
+        };
         long.push(message(role, &paragraphs[turn % paragraphs.len()]));
     }
     let body = json!({"model": "gpt-4o", "max_tokens": 1000, "messages": as_json(&long)});
