@@ -260,7 +260,7 @@ fn rows() -> Vec<Row> {
     // 4. A long multi-turn conversation: 60 turns over the sample texts.
     let paragraphs = paragraphs();
     let mut long = vec![message("system", "You are a careful technical editor.")];
-    for turn in 0..60 {
+    for turn in 0..60usize {
         let role = if turn.is_multiple_of(2) {
             "user"
         } else {
