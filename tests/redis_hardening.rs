@@ -475,7 +475,7 @@ proptest! {
     #[test]
     fn no_url_form_shows_its_password(
         password in "[A-Za-z0-9._~!$&'()*+,;=:@/%-]{6,24}",
-        form in 0usize..8,
+        form in 0usize..10,
         port in 1u16..,
     ) {
         let url = match form {
@@ -486,6 +486,8 @@ proptest! {
             4 => format!("unix:///run/r.sock?db=2&password={password}"),
             5 => format!("valkey://:{password}@h"),
             6 => format!("redis://:{password}"),
+            7 => format!("redis+sentinel://:{password}@127.0.0.1:{port}/mymaster"),
+            8 => format!("redis+sentinel://user:{password}@h:1,h:2/mymaster/3"),
             _ => password.clone(),
         };
         let rt = runtime();

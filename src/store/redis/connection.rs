@@ -1,25 +1,116 @@
-//! One server or a whole Redis Cluster, behind one connection type.
+//! One server, a master watched by Sentinel, or a whole Redis Cluster, behind one connection
+//! type.
 //!
 //! A single server is reached through redis-rs's `ConnectionManager` (one multiplexed
-//! connection, re-established in the background). A cluster is reached through redis-rs's
+//! connection, re-established in the background). A master watched by Sentinel is asked of
+//! the sentinels, and asked again whenever the connection to the one they named fails or
+//! answers that it is a replica now, so the store follows a failover (the manager would
+//! reconnect to the address it first resolved). A cluster is reached through redis-rs's
 //! cluster client, which learns the slot map from any node given, sends each script call to
 //! the master of its key's slot (a key's hash and queue share one hash tag, so one slot), and
 //! follows `MOVED` and failovers by refreshing the map.
 
-use redis::aio::{ConnectionLike, ConnectionManager};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, Value};
+use redis::sentinel::SentinelClient;
+use redis::{
+    AsyncConnectionConfig, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult,
+    ServerErrorKind, Value,
+};
 
 #[derive(Clone)]
 pub(super) enum Connection {
     Single(ConnectionManager),
+    Sentinel(Arc<SentinelLink>),
     Cluster(ClusterConnection),
+}
+
+/// The master a set of sentinels names, and the connection to it while it answers.
+pub(super) struct SentinelLink {
+    sentinel: tokio::sync::Mutex<SentinelClient>,
+    /// The connection to the master last named, numbered so that a failure seen on an older
+    /// one doesn't throw away its successor.
+    current: Mutex<Option<(u64, MultiplexedConnection)>>,
+    resolved: std::sync::atomic::AtomicU64,
+    config: AsyncConnectionConfig,
+    db: i64,
+}
+
+impl SentinelLink {
+    pub(super) fn new(sentinel: SentinelClient, config: AsyncConnectionConfig, db: i64) -> Self {
+        SentinelLink {
+            sentinel: tokio::sync::Mutex::new(sentinel),
+            current: Mutex::new(None),
+            resolved: std::sync::atomic::AtomicU64::new(0),
+            config,
+            db,
+        }
+    }
+
+    fn current(&self) -> Option<(u64, MultiplexedConnection)> {
+        self.current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The connection to the master, asking the sentinels which one that is when there is
+    /// none. One caller asks at a time; the others then take what it found.
+    async fn connection(&self) -> RedisResult<(u64, MultiplexedConnection)> {
+        if let Some(found) = self.current() {
+            return Ok(found);
+        }
+        let mut sentinel = self.sentinel.lock().await;
+        if let Some(found) = self.current() {
+            return Ok(found);
+        }
+        let client = sentinel.async_get_client().await?;
+        let connection = client
+            .get_multiplexed_async_connection_with_config(&self.config)
+            .await?;
+        let number = self
+            .resolved
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        *self.current.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some((number, connection.clone()));
+        Ok((number, connection))
+    }
+
+    /// After `error` on connection `number`: a master that can't be reached, or that says it
+    /// is a replica now, is asked of the sentinels again at the next call.
+    fn failed(&self, number: u64, error: &RedisError) {
+        let lost = error.is_io_error()
+            || error.is_timeout()
+            || error.is_connection_dropped()
+            || error.is_connection_refusal()
+            || matches!(
+                error.kind(),
+                ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+            );
+        if !lost {
+            return;
+        }
+        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        if current.as_ref().is_some_and(|(n, _)| *n == number) {
+            *current = None;
+        }
+    }
 }
 
 impl ConnectionLike for Connection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Connection::Single(c) => c.req_packed_command(cmd),
+            Connection::Sentinel(link) => Box::pin(async move {
+                let (number, mut connection) = link.connection().await?;
+                let result = connection.req_packed_command(cmd).await;
+                if let Err(error) = &result {
+                    link.failed(number, error);
+                }
+                result
+            }),
             Connection::Cluster(c) => c.req_packed_command(cmd),
         }
     }
@@ -32,6 +123,16 @@ impl ConnectionLike for Connection {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Connection::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Connection::Sentinel(link) => Box::pin(async move {
+                let (number, mut connection) = link.connection().await?;
+                let result = connection
+                    .req_packed_commands(pipeline, offset, count)
+                    .await;
+                if let Err(error) = &result {
+                    link.failed(number, error);
+                }
+                result
+            }),
             Connection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
@@ -39,6 +140,7 @@ impl ConnectionLike for Connection {
     fn get_db(&self) -> i64 {
         match self {
             Connection::Single(c) => c.get_db(),
+            Connection::Sentinel(link) => link.db,
             Connection::Cluster(c) => c.get_db(),
         }
     }
@@ -67,9 +169,115 @@ pub(super) fn cluster_nodes(address: &str) -> Option<Vec<String>> {
     )
 }
 
+/// A `redis+sentinel://` address, read.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct SentinelAddress {
+    /// A `redis://host:port` URL for each sentinel.
+    pub(super) sentinels: Vec<String>,
+    /// The name the sentinels watch the master under.
+    pub(super) master: String,
+    /// `redis://[userinfo@]<first sentinel>[/db][?query]`: the credentials, database and
+    /// options for the master, in a URL that redis-rs (and the redactor) can read.
+    pub(super) node: String,
+}
+
+/// Reads `redis+sentinel://[user:password@]host:port[,host:port...]/<master>[/<db>][?query]`
+/// (or `valkey+sentinel://`): `None` for any other scheme, an error saying what is missing
+/// for one of this scheme that can't be read. The credentials, database and query are the
+/// master's; the sentinels are asked without credentials.
+pub(super) fn sentinel_address(address: &str) -> Option<Result<SentinelAddress, String>> {
+    let rest = address
+        .strip_prefix("redis+sentinel://")
+        .or_else(|| address.strip_prefix("valkey+sentinel://"))?;
+    let (rest, query) = match rest.split_once('?') {
+        Some((rest, query)) => (rest, Some(query)),
+        None => (rest, None),
+    };
+    // The master's name follows the last `@`-free `/` after the hosts; a password may hold
+    // a `/`, so the hosts start after the last `@`.
+    let (userinfo, hosts_and_path) = match rest.rfind('@') {
+        Some(at) => (&rest[..=at], &rest[at + 1..]),
+        None => ("", rest),
+    };
+    let Some((hosts, path)) = hosts_and_path.split_once('/') else {
+        return Some(Err(
+            "a Sentinel address names the master after the hosts: redis+sentinel://host:port/mymaster".to_owned(),
+        ));
+    };
+    let (master, db) = path.split_once('/').unwrap_or((path, ""));
+    if master.is_empty() {
+        return Some(Err(
+            "a Sentinel address names the master after the hosts: redis+sentinel://host:port/mymaster".to_owned(),
+        ));
+    }
+    if !db.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(Err(
+            "the database after the master's name is a number".to_owned()
+        ));
+    }
+    let sentinels: Vec<String> = hosts
+        .split(',')
+        .map(str::trim)
+        .map(|host| format!("redis://{host}"))
+        .collect();
+    if hosts.split(',').any(|h| h.trim().is_empty()) {
+        return Some(Err(
+            "a Sentinel address needs at least one host:port".to_owned()
+        ));
+    }
+    let first = hosts.split(',').next().unwrap_or("").trim();
+    let mut node = format!("redis://{userinfo}{first}");
+    if !db.is_empty() {
+        node.push('/');
+        node.push_str(db);
+    }
+    if let Some(query) = query {
+        node.push('?');
+        node.push_str(query);
+    }
+    Some(Ok(SentinelAddress {
+        sentinels,
+        master: master.to_owned(),
+        node,
+    }))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::cluster_nodes;
+    use super::{SentinelAddress, cluster_nodes, sentinel_address};
+
+    #[test]
+    fn a_sentinel_address_names_the_sentinels_the_master_and_its_credentials() {
+        assert_eq!(
+            sentinel_address("redis+sentinel://:pw@a:26379,b:26380/mymaster/2?protocol=resp3"),
+            Some(Ok(SentinelAddress {
+                sentinels: vec!["redis://a:26379".to_owned(), "redis://b:26380".to_owned()],
+                master: "mymaster".to_owned(),
+                node: "redis://:pw@a:26379/2?protocol=resp3".to_owned(),
+            }))
+        );
+        assert_eq!(
+            sentinel_address("valkey+sentinel://h:1/m"),
+            Some(Ok(SentinelAddress {
+                sentinels: vec!["redis://h:1".to_owned()],
+                master: "m".to_owned(),
+                node: "redis://h:1".to_owned(),
+            }))
+        );
+        for missing in [
+            "redis+sentinel://h:1",
+            "redis+sentinel://h:1/",
+            "redis+sentinel:///m",
+            "redis+sentinel://h:1,/m",
+            "redis+sentinel://h:1/m/x",
+        ] {
+            assert!(
+                matches!(sentinel_address(missing), Some(Err(_))),
+                "{missing}"
+            );
+        }
+        assert_eq!(sentinel_address("redis://h:1/0"), None);
+    }
 
     #[test]
     fn a_cluster_address_names_each_seed_node_with_the_same_credentials() {

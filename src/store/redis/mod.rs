@@ -48,6 +48,19 @@
 //! lag are forgotten too; their holders hear that they lost their place and queue again.
 //! Redis's `min-replicas-to-write` and `min-replicas-max-lag` narrow the window.
 //!
+//! # Redis Sentinel
+//!
+//! A `redis+sentinel://[user:password@]host:port[,host:port...]/<master>[/<db>]` address to
+//! [`RedisStore::connect`] asks the sentinels at those addresses which server is the master
+//! they watch under that name (the credentials and database are the master's; the sentinels
+//! are asked without credentials). When the connection to it fails, or it answers that it is
+//! a replica now, the next call asks the sentinels again, so the store follows a failover:
+//! calls fail closed ([`Error::Unavailable`]) while no master answers, and go on on the
+//! promoted replica. Measured on loopback with `down-after-milliseconds 300`: waiting calls
+//! failed 0.24 s after the master was killed, and the key answered on the promoted replica
+//! 1.1–1.2 s after the kill. A failover through Sentinel can go back in time exactly as one
+//! in a cluster can (below). TLS to the sentinels is not supported yet.
+//!
 //! # Failure
 //!
 //! Every call is bounded by the configured timeout: when Redis is down or stopped, the answer
@@ -291,7 +304,10 @@ impl RedisStore {
     ///
     /// A `redis+cluster://` (or `rediss+cluster://`) address names a Redis Cluster by some of
     /// its nodes: `redis+cluster://[user:password@]host:port,host:port[/?query]`, the same as
-    /// [`connect_cluster_with`](RedisStore::connect_cluster_with) with `redis://` URLs.
+    /// [`connect_cluster_with`](RedisStore::connect_cluster_with) with `redis://` URLs. A
+    /// `redis+sentinel://host:port[,host:port...]/<master>` address names the master a set of
+    /// sentinels watches, and follows it through failovers (see the
+    /// [module docs](self#redis-sentinel)).
     pub async fn connect_with(url: &str, config: RedisConfig) -> Result<RedisStore, Error> {
         if let Some(nodes) = connection::cluster_nodes(url) {
             return RedisStore::connect_cluster_with(&nodes, config).await;
@@ -385,7 +401,18 @@ impl RedisStore {
                 None,
             ));
         }
-        let shown = Shown::new(url);
+        if url.starts_with("rediss+sentinel://") || url.starts_with("valkeys+sentinel://") {
+            return Err(Error::store(
+                "Redis Sentinel over TLS is not supported yet: use redis+sentinel://",
+                None,
+            ));
+        }
+        let sentinel = connection::sentinel_address(url);
+        let shown = match &sentinel {
+            Some(Ok(address)) => Shown::sentinel(address),
+            Some(Err(_)) => Shown::unreadable(url),
+            None => Shown::new(url),
+        };
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(Error::store(
                 format!(
@@ -394,6 +421,28 @@ impl RedisStore {
                 ),
                 None,
             ));
+        }
+        if let Some(address) = sentinel {
+            let link = address
+                .and_then(|address| sentinel_link(&address, &config))
+                .map_err(|reason| {
+                    Error::store(
+                        format!(
+                            "Redis Sentinel at `{}`: {}",
+                            shown.url,
+                            shown.scrub(&reason)
+                        ),
+                        None,
+                    )
+                })?;
+            return Ok(RedisStore {
+                inner: Arc::new(Inner {
+                    connection: Connection::Sentinel(Arc::new(link)),
+                    script: Script::new(script::LUA),
+                    config,
+                    shown,
+                }),
+            });
         }
         let client = open_client(url, &config).map_err(|reason| {
             Error::store(
@@ -603,6 +652,40 @@ fn open_client(url: &str, config: &RedisConfig) -> Result<redis::Client, String>
         return Err("TLS (rediss:// or a CA file) needs tollgate's `redis-tls` feature".to_owned());
     }
     redis::Client::open(url).map_err(|e| format!("invalid Redis URL: {e}"))
+}
+
+/// What asks `address`'s sentinels for their master. Each connection to a master gets nine
+/// tenths of the store's timeout to connect and to answer, so that a master that stopped
+/// answering is given up (and the sentinels asked again) before the call's own timeout ends.
+fn sentinel_link(
+    address: &connection::SentinelAddress,
+    config: &RedisConfig,
+) -> Result<connection::SentinelLink, String> {
+    use redis::IntoConnectionInfo;
+    use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+    if config.tls_ca_file.is_some() {
+        return Err("Redis Sentinel over TLS is not supported yet".to_owned());
+    }
+    let node = address
+        .node
+        .as_str()
+        .into_connection_info()
+        .map_err(|e| format!("invalid credentials or database for the master: {e}"))?;
+    let db = node.redis_settings().db();
+    let node = SentinelNodeConnectionInfo::default()
+        .set_redis_connection_info(node.redis_settings().clone());
+    let client = SentinelClient::build(
+        address.sentinels.clone(),
+        address.master.clone(),
+        Some(node),
+        SentinelServerType::Master,
+    )
+    .map_err(|e| format!("invalid sentinel address: {e}"))?;
+    let patience = config.timeout.mul_f64(0.9);
+    let connection = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(patience))
+        .set_response_timeout(Some(patience));
+    Ok(connection::SentinelLink::new(client, connection, db))
 }
 
 /// A cluster client for `nodes`: each call bounded by the store's timeout, redirects and a

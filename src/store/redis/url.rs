@@ -138,6 +138,46 @@ impl Shown {
         Shown::scrubbing(shown, secrets)
     }
 
+    /// A `redis+sentinel://` address: the sentinels and the master's name as written, the
+    /// master's credentials as [`Shown::new`] shows them in a `redis://` URL.
+    pub(crate) fn sentinel(address: &super::connection::SentinelAddress) -> Shown {
+        let node = Shown::new(&address.node);
+        let after_scheme = node.url.split_once("://").map_or("", |(_, rest)| rest);
+        let userinfo = match after_scheme.split_once('@') {
+            Some((userinfo, _)) => format!("{userinfo}@"),
+            None => String::new(),
+        };
+        let hosts: Vec<&str> = address
+            .sentinels
+            .iter()
+            .map(|s| s.strip_prefix("redis://").unwrap_or(s))
+            .collect();
+        let mut url = format!(
+            "redis+sentinel://{userinfo}{}/{}",
+            hosts.join(","),
+            address.master
+        );
+        let path = node.url.split('?').next().unwrap_or("");
+        if let Some(db) = path.rsplit_once('/').map(|(_, db)| db)
+            && !db.is_empty()
+            && db.bytes().all(|b| b.is_ascii_digit())
+        {
+            url.push('/');
+            url.push_str(db);
+        }
+        let url = node.scrub(&url).into_owned();
+        Shown::scrubbing(url, node.secrets)
+    }
+
+    /// An address of a known scheme that can't be read: nothing past its scheme is shown.
+    pub(crate) fn unreadable(raw: &str) -> Shown {
+        let scheme = raw.split_once("://").map_or("", |(s, _)| s);
+        Shown::scrubbing(
+            format!("{scheme}://(an address that does not read as one; not shown)"),
+            Shown::pieces(raw),
+        )
+    }
+
     /// For a URL that can't be read: the whole text, what follows the scheme, and every piece
     /// between delimiters, since any of them could be the password.
     /// Several URLs (a cluster's seed nodes), shown together.
