@@ -51,14 +51,25 @@ impl Watched {
         if redis_server::single_server_only("Sentinel watches single servers") {
             return None;
         }
-        let master = RedisServer::start()?;
+        // Each server writes what replication moves (the replica saves the snapshot it is
+        // sent) and the sentinel its config into a folder of the test's own.
+        let dir = std::env::temp_dir().join(format!("tollgate-sentinel-{}", free_port()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let folder = dir.to_str().unwrap();
+        let master = RedisServer::start_with(&["--dir", folder, "--dbfilename", "master.rdb"])?;
         let port = master.port.to_string();
-        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port])?;
+        let replica = RedisServer::start_with(&[
+            "--replicaof",
+            "127.0.0.1",
+            &port,
+            "--dir",
+            folder,
+            "--dbfilename",
+            "replica.rdb",
+        ])?;
         wait_for("the replica to sync", || {
             resp(replica.port, &["INFO", "replication"]).contains("master_link_status:up")
         });
-        let dir = std::env::temp_dir().join(format!("tollgate-sentinel-{}", free_port()));
-        std::fs::create_dir_all(&dir).unwrap();
         let sentinel_port = free_port();
         let conf = dir.join("sentinel.conf");
         std::fs::write(
