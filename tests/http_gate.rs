@@ -87,7 +87,15 @@ async fn the_cost_is_the_prompt_plus_the_reserved_output() {
 #[tokio::test(start_paused = true)]
 async fn calls_in_flight_at_a_sync_are_neither_lost_nor_counted_twice() {
     let registry = Arc::new(Registry::new(MemoryStore::new()));
-    let gate = gate(&registry);
+    // Three calls out before any answer, and exact levels: no waiting for the first answer,
+    // and no margin for the neighbour (both tested on their own below).
+    let gate = Gate::builder(Profile::openai())
+        .limits(Limits::parse("100/d", "100000/d").unwrap())
+        .registry(Arc::clone(&registry))
+        .first_answer_wait(None)
+        .model_foreign_spending(false)
+        .build()
+        .unwrap();
     // Three calls sent in order, 50 ms apart: a, b, c.
     let (a, b, c) = (chat(100, 100), chat(200, 100), chat(300, 100));
     let mut call_a = admit(&gate, &a).await;
@@ -318,4 +326,57 @@ async fn a_gate_forgets_keys_no_call_holds() {
     assert_eq!(held.key(), "/v1/chat/completions");
     let again = admit(&gate, &chat(1, 0)).await;
     assert_eq!(again.cost().unwrap().requests, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_keys_first_call_goes_alone_and_its_answer_can_show_spending_elsewhere() {
+    let registry = Arc::new(Registry::new(MemoryStore::new()));
+    let gate = gate(&registry);
+    let (a, b) = (chat(100, 100), chat(200, 100));
+    let mut call_a = admit(&gate, &a).await;
+    call_a.sending();
+    let cost_a = call_a.cost().unwrap().tokens;
+    // b waits for a's answer: until it, the windows can't know what others spent.
+    let second = {
+        let gate = gate.clone();
+        tokio::spawn(async move { admit(&gate, &b).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!second.is_finished());
+    // The provider says a neighbour spent 5,000: the windows go down to its count, and 4% of
+    // the capacity further (4,000), since spending elsewhere is now known to happen.
+    let provider_left = 100_000 - 5_000 - cost_a;
+    call_a
+        .respond(StatusCode::OK, &remaining(provider_left), None)
+        .await
+        .unwrap();
+    let call_b = second.await.unwrap();
+    let cost_b = call_b.cost().unwrap().tokens;
+    assert_eq!(
+        tokens_left(&registry).await,
+        i128::from(provider_left - 4_000 - cost_b)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_first_answer_is_waited_for_one_second_at_most() {
+    let registry = Arc::new(Registry::new(MemoryStore::new()));
+    let gate = gate(&registry);
+    let body = chat(10, 10);
+    let first = admit(&gate, &body).await;
+    let started = tokio::time::Instant::now();
+    let second = admit(&gate, &body).await;
+    assert_eq!(started.elapsed(), Duration::from_secs(1));
+    // Without a wait configured, nobody waits.
+    let eager = Gate::builder(Profile::openai())
+        .limits(Limits::parse("100/d", "100000/d").unwrap())
+        .registry(Arc::new(Registry::new(MemoryStore::new())))
+        .first_answer_wait(None)
+        .build()
+        .unwrap();
+    let _one = admit(&eager, &body).await;
+    let started = tokio::time::Instant::now();
+    let _two = admit(&eager, &body).await;
+    assert_eq!(started.elapsed(), Duration::ZERO);
+    drop((first, second));
 }

@@ -164,9 +164,11 @@ async fn a_neighbours_spending_lowers_the_windows_and_a_larger_remaining_never_r
     s.send("/chat/completions", &body).await.unwrap();
     let prompt = chat_prompt(&body);
     let used = prompt + completion(prompt, 100);
+    // Down to the provider's count, and 4% of the capacity (400) below it: spending
+    // elsewhere is now known to happen, and the model of it is never exact.
     assert_eq!(
         s.left("openai:gpt-4o", &limits, Currency::Tokens).await,
-        10_000 - 3_000 - i128::from(used)
+        10_000 - 3_000 - i128::from(used) - 400
     );
 
     // Configured below the provider: its larger remaining leaves the windows alone.

@@ -26,6 +26,9 @@ const NEGLIGIBLE: f64 = 0.5;
 /// The most of a currency's refill rate the estimate may give to others: the key always keeps
 /// some, so that a call gets through, its response syncs, and an estimate too high is seen.
 const MOST_SHARE: f64 = 0.75;
+/// While spending elsewhere is seen, syncs leave the windows this fraction of their capacity
+/// (1/25: 4%) below the provider's count.
+const MARGIN: u64 = 25;
 /// Without a sync for this long, the estimate halves every such span: a key whose calls
 /// stopped can't correct it any other way.
 const STALE: Duration = Duration::from_secs(1);
@@ -56,6 +59,8 @@ struct Model {
     synced: [Option<Instant>; 3],
     /// Fractions of a token charged for but not yet taken.
     owed: [f64; 3],
+    /// When a sync last found the windows above the provider's count.
+    elsewhere: [Option<Instant>; 3],
     /// Charged through this time (a little ahead of now).
     charged_at: Instant,
     charger: bool,
@@ -79,6 +84,7 @@ impl Default for Foreign {
                 target: [0.0; 3],
                 synced: [None; 3],
                 owed: [0.0; 3],
+                elsewhere: [None; 3],
                 charged_at: Instant::now(),
                 charger: false,
             }),
@@ -192,13 +198,23 @@ impl Foreign {
     /// How far below the provider's count a sync leaves the windows of `currency` (whose
     /// tightest window holds `capacity`): while spending elsewhere is estimated, the estimate
     /// is never exact, and a call admitted the moment its tokens exist here must find them
-    /// there too. Nothing while no such spending is seen.
+    /// there too. Nothing while no such spending is seen (in the last few seconds).
     pub(super) fn margin(&self, currency: Currency, capacity: u64) -> u64 {
-        if self.model().rate[index(currency)] > 0.0 {
-            capacity / 50
+        let model = self.model();
+        let i = index(currency);
+        let seen = model.elsewhere[i].is_some_and(|at| at.elapsed().as_secs_f64() < MEMORY);
+        if model.rate[i] > 0.0 || seen {
+            capacity / MARGIN
         } else {
             0
         }
+    }
+
+    /// A sync found the windows above the provider's count: something else spends from the
+    /// quota. The margin holds from now on, before there is history enough for a rate (the
+    /// first answer on a key can show it, while the calls it held back are about to go).
+    pub(super) fn spent_elsewhere(&self, currency: Currency) {
+        self.model().elsewhere[index(currency)] = Some(Instant::now());
     }
 
     /// The estimated rate of `currency`, in tokens a second.

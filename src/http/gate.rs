@@ -129,12 +129,18 @@ impl Ledger {
     }
 }
 
+/// How long, by default, a key's calls wait for the answer to its first call.
+const FIRST_ANSWER_WAIT: Duration = Duration::from_secs(1);
+
 /// One key's state in a gate.
 struct KeyState {
     key: String,
     limiter: OnceLock<Limiter>,
-    /// Until a key's limits are known (from its first response), one call at a time.
+    /// Until a key's limits are known (from its first response), one call at a time; with
+    /// sync on, until its first response, whatever its limits.
     learning: Arc<Semaphore>,
+    /// Whether the provider has answered a call on this key.
+    heard: AtomicBool,
     ledger: Mutex<Ledger>,
     warned: AtomicBool,
     foreign: Arc<Foreign>,
@@ -157,6 +163,7 @@ struct Inner {
     retries: u32,
     backoff: Backoff,
     learn_timeout: Option<Duration>,
+    first_answer: Option<Duration>,
     keys: Mutex<HashMap<String, Arc<KeyState>>>,
 }
 
@@ -217,6 +224,7 @@ pub struct GateBuilder {
     retries: u32,
     backoff: Backoff,
     learn_timeout: Option<Duration>,
+    first_answer: Option<Duration>,
 }
 
 impl fmt::Debug for GateBuilder {
@@ -295,6 +303,15 @@ impl GateBuilder {
         self
     }
 
+    /// With sync on, how long a key's calls wait for the answer to its first call before they
+    /// go anyway (default 1 s; `None`: they don't wait). The first answer tells what others
+    /// have already spent from the quota; calls sent before it are admitted against a level
+    /// the provider may not have.
+    pub fn first_answer_wait(mut self, wait: Option<Duration>) -> GateBuilder {
+        self.first_answer = wait;
+        self
+    }
+
     /// The gate; fails when no limits were given, or the profile's estimator does not exist.
     pub fn build(self) -> Result<Gate, Error> {
         let no_limits = || Error::NoLimits {
@@ -328,6 +345,7 @@ impl GateBuilder {
                 retries: self.retries,
                 backoff: self.backoff,
                 learn_timeout: self.learn_timeout,
+                first_answer: self.first_answer,
                 keys: Mutex::new(HashMap::new()),
             }),
         })
@@ -347,6 +365,7 @@ impl Gate {
             retries: 3,
             backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(30)),
             learn_timeout: Some(Duration::from_secs(60)),
+            first_answer: Some(FIRST_ANSWER_WAIT),
         }
     }
 
@@ -404,6 +423,7 @@ impl Gate {
             key: key.clone(),
             limiter,
             learning: Arc::new(Semaphore::new(1)),
+            heard: AtomicBool::new(false),
             ledger: Mutex::new(Ledger::default()),
             warned: AtomicBool::new(false),
             foreign: Arc::new(Foreign::default()),
@@ -440,6 +460,23 @@ impl Gate {
         let stream = value.get("stream").and_then(Value::as_bool) == Some(true);
         loop {
             if let Some(limiter) = state.limiter.get() {
+                // With sync on, a key's first call goes alone: the windows can't know what
+                // others spent from the quota until the provider has said so once, and calls
+                // sent meanwhile would be admitted against a level nobody has.
+                let alone = match self.inner.first_answer {
+                    Some(wait) if self.inner.sync && !state.heard.load(Ordering::Acquire) => {
+                        let turn = Arc::clone(&state.learning).acquire_owned();
+                        match tokio::time::timeout(wait, turn).await {
+                            Ok(turn) => {
+                                let turn = turn.expect("the semaphore is never closed");
+                                (!state.heard.load(Ordering::Acquire)).then_some(turn)
+                            }
+                            // The first answer is slow in coming: go without it.
+                            Err(_) => None,
+                        }
+                    }
+                    _ => None,
+                };
                 let cost = self.cost_of(&value, Some(limiter.limits()))?;
                 let permit = limiter.acquire(cost).await?;
                 let number = state.ledger().push(cost);
@@ -448,24 +485,11 @@ impl Gate {
                     state,
                     number: Some(number),
                     permit: Some(permit),
-                    _learning: None,
+                    _learning: alone,
                     stream,
                 });
             }
-            let turn = Arc::clone(&state.learning).acquire_owned();
-            let turn = match self.inner.learn_timeout {
-                Some(timeout) => {
-                    tokio::time::timeout(timeout, turn)
-                        .await
-                        .map_err(|_| Error::Timeout {
-                            key: state.key.clone(),
-                            waited: timeout,
-                            needed: None,
-                        })?
-                }
-                None => turn.await,
-            }
-            .expect("the semaphore is never closed");
+            let turn = self.turn(&state).await?;
             if state.limiter.get().is_some() {
                 continue;
             }
@@ -478,6 +502,24 @@ impl Gate {
                 stream,
             });
         }
+    }
+
+    /// The key's turn to go alone, within the gate's learning timeout.
+    async fn turn(&self, state: &KeyState) -> Result<OwnedSemaphorePermit, Error> {
+        let turn = Arc::clone(&state.learning).acquire_owned();
+        let turn = match self.inner.learn_timeout {
+            Some(timeout) => {
+                tokio::time::timeout(timeout, turn)
+                    .await
+                    .map_err(|_| Error::Timeout {
+                        key: state.key.clone(),
+                        waited: timeout,
+                        needed: None,
+                    })?
+            }
+            None => turn.await,
+        };
+        Ok(turn.expect("the semaphore is never closed"))
     }
 
     fn learn(&self, state: &KeyState, read: &[RateHeader]) -> Result<(), Error> {
@@ -587,6 +629,10 @@ impl Call {
             self.sync(limiter, &read, status == StatusCode::TOO_MANY_REQUESTS)
                 .await?;
         }
+        // The provider has answered: the calls waiting for this one's answer go on (those
+        // still learning limits that weren't in these headers still go one at a time).
+        self.state.heard.store(true, Ordering::Release);
+        self._learning = None;
         if status != StatusCode::TOO_MANY_REQUESTS {
             return Ok(Verdict::Passed);
         }
@@ -677,13 +723,26 @@ impl Call {
                 // was in flight.
                 None => (remaining, false),
             };
-            let target = if model {
-                let capacity = configured.capacity().unwrap_or(0);
-                target.saturating_sub(self.state.foreign.margin(header.currency, capacity))
+            let capacity = configured.capacity().unwrap_or(0);
+            let margin = if model {
+                self.state.foreign.margin(header.currency, capacity)
             } else {
-                target
+                0
             };
-            let lowered = limiter.lower(header.currency, target).await?;
+            let lowered = limiter
+                .lower(header.currency, target.saturating_sub(margin))
+                .await?;
+            let target = target.saturating_sub(margin);
+            if model && clear && lowered > 0 {
+                self.state.foreign.spent_elsewhere(header.currency);
+                if margin == 0 {
+                    // Seen for the first time: the margin holds from this sync on.
+                    let margin = self.state.foreign.margin(header.currency, capacity);
+                    limiter
+                        .lower(header.currency, target.saturating_sub(margin))
+                        .await?;
+                }
+            }
             let most = configured
                 .as_slice()
                 .iter()
