@@ -3,6 +3,9 @@
 //! real image files built here.
 
 use serde_json::{Value, json};
+mod common;
+
+use common::{base64, png};
 use tollgate_estimators::{
     Billing, Estimator, ImageSize, Words, estimate, estimate_with, estimator,
 };
@@ -157,15 +160,6 @@ fn tool_calls_and_tool_results_in_the_conversation_count() {
     assert!(counted as usize >= plain, "{counted} < {plain}");
 }
 
-/// A real PNG signature and IHDR chunk for an image of `w` × `h`.
-fn png(w: u32, h: u32) -> Vec<u8> {
-    let mut bytes = b"\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDR".to_vec();
-    bytes.extend_from_slice(&w.to_be_bytes());
-    bytes.extend_from_slice(&h.to_be_bytes());
-    bytes.extend_from_slice(&[8, 6, 0, 0, 0, 0, 0, 0, 0]);
-    bytes
-}
-
 /// A JPEG with an APP0 segment before its baseline start-of-frame.
 fn jpeg(w: u16, h: u16) -> Vec<u8> {
     let mut bytes = vec![0xff, 0xd8, 0xff, 0xe0, 0x00, 0x10];
@@ -191,24 +185,6 @@ fn webp(w: u32, h: u32) -> Vec<u8> {
     bytes.extend_from_slice(&(w - 1).to_le_bytes()[..3]);
     bytes.extend_from_slice(&(h - 1).to_le_bytes()[..3]);
     bytes
-}
-
-fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let n = (u32::from(chunk[0]) << 16)
-            | (u32::from(*chunk.get(1).unwrap_or(&0)) << 8)
-            | u32::from(*chunk.get(2).unwrap_or(&0));
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
 }
 
 fn data_url(kind: &str, bytes: &[u8]) -> String {
