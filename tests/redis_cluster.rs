@@ -4,6 +4,8 @@
 
 #![cfg(feature = "redis")]
 
+#[path = "support/failover.rs"]
+mod failover;
 #[path = "support/redis_cluster.rs"]
 mod redis_cluster;
 #[path = "support/redis_server.rs"]
@@ -119,31 +121,12 @@ fn a_failover_fails_waiting_calls_closed_then_serves_again() {
         for _ in 0..10 {
             limiter.acquire(Cost::call(0)).await.unwrap();
         }
-        let waiters: Vec<_> = (0..5)
-            .map(|_| {
-                let limiter = limiter.clone();
-                tokio::spawn(async move { limiter.acquire_timeout(Cost::call(0), None).await })
-            })
-            .collect();
-        while limiter.waiters() < 5 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let waiters = failover::waiting(&limiter, 5).await;
         let (hash, _) = testing::redis_names(&store, "failover");
         let master = cluster.master_of(&hash);
         cluster.kill(master);
         let killed = Instant::now();
-        for waiter in waiters {
-            let result = waiter.await.unwrap();
-            assert!(
-                matches!(result, Err(Error::Unavailable { .. })),
-                "a waiter got {result:?}"
-            );
-        }
-        let failed_after = killed.elapsed();
-        assert!(
-            failed_after <= 2 * timeout,
-            "the last waiter failed {failed_after:?} after its master died"
-        );
+        let failed_after = failover::all_fail_closed(waiters, killed, timeout).await;
 
         // The replica takes over (the node timeout is 1 s); then the key answers again.
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -157,15 +140,7 @@ fn a_failover_fails_waiting_calls_closed_then_serves_again() {
         }
         cluster.wait_until_ok();
         let promoted = Instant::now();
-        let answer = loop {
-            match limiter.snapshot().await {
-                Ok(snapshot) => break snapshot,
-                Err(Error::Unavailable { .. }) if promoted.elapsed() < Duration::from_secs(10) => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Err(other) => panic!("after the failover: {other}"),
-            }
-        };
+        let answer = failover::answered_again(&limiter, Duration::from_secs(10)).await;
         let level = answer
             .iter()
             .find(|a| a.currency == Currency::Requests)

@@ -6,6 +6,8 @@
 
 #![cfg(feature = "redis")]
 
+#[path = "support/failover.rs"]
+mod failover;
 #[path = "support/redis_cluster.rs"]
 mod redis_cluster;
 #[path = "support/redis_server.rs"]
@@ -192,41 +194,14 @@ fn through_sentinel_the_store_is_exact_and_follows_a_failover() {
         assert!(!resp(watched.master.port, &["DBSIZE"]).starts_with(":0"));
         watched.replica_caught_up();
 
-        let waiters: Vec<_> = (0..5)
-            .map(|_| {
-                let limiter = limiter.clone();
-                tokio::spawn(async move { limiter.acquire_timeout(Cost::call(0), None).await })
-            })
-            .collect();
-        while limiter.waiters() < 5 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let waiters = failover::waiting(&limiter, 5).await;
         let old = watched.master.port;
         watched.master.kill();
         let killed = Instant::now();
-        for waiter in waiters {
-            let result = waiter.await.unwrap();
-            assert!(
-                matches!(result, Err(Error::Unavailable { .. })),
-                "a waiter got {result:?}"
-            );
-        }
-        let failed_after = killed.elapsed();
-        assert!(
-            failed_after <= 2 * timeout,
-            "the last waiter failed {failed_after:?} after its master died"
-        );
+        let failed_after = failover::all_fail_closed(waiters, killed, timeout).await;
 
         // The sentinel promotes the replica; the store asks it again and goes on there.
-        let snapshot = loop {
-            match limiter.snapshot().await {
-                Ok(snapshot) => break snapshot,
-                Err(Error::Unavailable { .. }) if killed.elapsed() < Duration::from_secs(30) => {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                Err(other) => panic!("after the failover: {other}"),
-            }
-        };
+        let snapshot = failover::answered_again(&limiter, Duration::from_secs(30)).await;
         let answered = killed.elapsed();
         assert_eq!(watched.master_port(), Some(watched.replica.port));
         assert_ne!(watched.replica.port, old);
