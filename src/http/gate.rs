@@ -277,7 +277,9 @@ impl GateBuilder {
     /// finds the windows held more than the provider said was left, that shortfall over the
     /// time since the last sync is taken as a rate of spending elsewhere (a neighbour on the
     /// same quota), and the key is charged at that rate between syncs, corrected by each sync.
-    /// Without it, the windows refill at the configured rate between syncs although part of it
+    /// While such spending is seen (from the first sync that finds it, for a few seconds after
+    /// the last), syncs leave the windows 4% of their capacity below the provider's count, so
+    /// that a call admitted the moment its tokens exist here finds them there too. Without it, the windows refill at the configured rate between syncs although part of it
     /// goes to the neighbour, so calls leave early and meet 429s.
     pub fn model_foreign_spending(mut self, model: bool) -> GateBuilder {
         self.foreign = model;

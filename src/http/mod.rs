@@ -13,11 +13,18 @@
 //! 1. **Before**: the key (by default the profile's name and the body's `model`, or a function
 //!    of the request's head and body) and the cost: 1 request, the input tokens of the body's
 //!    messages, input, tools and images as the estimators read them, and the output it reserves
-//!    (`max_tokens` × `n`) where the [`Profile`] charges it. Then it waits for the toll.
+//!    (`max_tokens` × `n`) where the [`Profile`] charges it. Then it waits for the toll. With
+//!    sync on, a key's first call goes alone, and the others wait (up to
+//!    [`GateBuilder::first_answer_wait`], 1 s) for its answer, so that they are admitted
+//!    against what the provider says is left rather than a full bucket.
 //! 2. **After the head**: the `remaining` headers lower the key's windows, never raise them
 //!    (calls in flight are charged here and not yet counted there); a call's own count and the
 //!    calls admitted after it, still in flight, are taken out of `remaining` first, so that none
-//!    is lost. `limit` headers that disagree with the configured limits get one warning. A 429
+//!    is lost. Spending the gate can't see (another program on the same quota) is modelled
+//!    from what each sync finds missing and charged between syncs, and while it is seen the
+//!    windows are kept 4% of their capacity below the provider's count (see
+//!    [`GateBuilder::model_foreign_spending`]). `limit` headers that disagree with the
+//!    configured limits get one warning. A 429
 //!    is [`Verdict::Permanent`] (OpenAI's `insufficient_quota`, Anthropic's spend limit, which
 //!    has no `retry-after`) or [`Verdict::Transient`], which pauses the key for the provider's
 //!    pause.
