@@ -347,10 +347,13 @@ impl<S: Store> Limiter<S> {
             cost,
             max_wait: Some(Duration::ZERO),
         };
-        // The store checks the cost; a call that never waits reads no clock of its own.
+        // The store checks the cost; a call that never waits reads no clock of its own. A
+        // store that answers at once (memory) never builds the bounded call: boxed, it keeps
+        // this future a few words long instead of the few hundred bytes of a timer and a
+        // store call, which every admission would otherwise move.
         let outcome = match self.inner.store.apply_now(&self.inner.bound, op) {
             Some(answer) => answer?,
-            None => self.call_bounded(op).await?,
+            None => Box::pin(self.call_bounded(op)).await?,
         };
         match outcome {
             Outcome::Admitted => Ok(Attempt::Admitted(self.admitted(cost, Duration::ZERO))),
