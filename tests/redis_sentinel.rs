@@ -304,3 +304,61 @@ fn a_sentinel_address_that_does_not_read_shows_no_password() {
     );
     assert!(RedisStore::lazy("rediss+sentinel://h:1/m", RedisConfig::default()).is_err());
 }
+
+#[test]
+fn with_the_master_dead_and_the_sentinel_stopped_calls_fail_within_the_timeout() {
+    let Some(mut watched) = Watched::start() else {
+        return;
+    };
+    let timeout = Duration::from_millis(300);
+    runtime().block_on(async {
+        let config = RedisConfig::default().with_timeout(timeout);
+        let store = RedisStore::connect_with(&watched.url(), config)
+            .await
+            .unwrap();
+        let limiter = Limiter::new(
+            "stopped",
+            Limits::parse("100/m", "").unwrap(),
+            store.clone(),
+        )
+        .unwrap();
+        assert!(
+            limiter
+                .try_acquire(Cost::call(0))
+                .await
+                .unwrap()
+                .is_admitted()
+        );
+        // The master dies and the sentinel stops answering (SIGSTOP): asking it again hangs,
+        // and each call must still end within its timeout, closed.
+        watched.master.kill();
+        let sentinel = watched.sentinel.id().to_string();
+        assert!(
+            Command::new("kill")
+                .args(["-STOP", &sentinel])
+                .status()
+                .unwrap()
+                .success()
+        );
+        for _ in 0..3 {
+            let started = Instant::now();
+            let result = limiter.try_acquire(Cost::call(0)).await;
+            let took = started.elapsed();
+            assert!(
+                matches!(result, Err(Error::Unavailable { .. })),
+                "got {result:?}"
+            );
+            assert!(
+                took <= timeout + Duration::from_millis(100),
+                "took {took:?}"
+            );
+        }
+        assert!(
+            Command::new("kill")
+                .args(["-CONT", &sentinel])
+                .status()
+                .unwrap()
+                .success()
+        );
+    });
+}
