@@ -157,6 +157,20 @@ fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+impl Watched {
+    /// A limiter on `key` through the sentinel, with the store's `timeout`.
+    async fn limiter(&self, key: &str, limits: &str, timeout: Duration) -> Limiter<RedisStore> {
+        let config = RedisConfig::default().with_timeout(timeout);
+        let store = RedisStore::connect_with(&self.url(), config).await.unwrap();
+        Limiter::new(key, Limits::parse(limits, "").unwrap(), store).unwrap()
+    }
+}
+
+/// One request, without waiting.
+async fn call(limiter: &Limiter<RedisStore>) -> Result<Attempt<RedisStore>, Error> {
+    limiter.try_acquire(Cost::call(0)).await
+}
+
 fn requests_left(snapshot: &[tollgate::Available]) -> i128 {
     snapshot
         .iter()
@@ -173,23 +187,16 @@ fn through_sentinel_the_store_is_exact_and_follows_a_failover() {
     };
     let timeout = Duration::from_millis(500);
     runtime().block_on(async {
-        let config = RedisConfig::default().with_timeout(timeout);
-        let store = RedisStore::connect_with(&watched.url(), config).await.unwrap();
-        assert!(format!("{store:?}").contains(&format!("redis+sentinel://127.0.0.1:{}", watched.sentinel_port)));
         // A window that barely refills during the test, so that what a failover loses shows.
-        let limiter = Limiter::new(
-            "sentinel",
-            Limits::parse("1/m burst 10", "").unwrap(),
-            store.clone(),
-        )
-        .unwrap();
+        let limiter = watched.limiter("sentinel", "1/m burst 10", timeout).await;
+        assert!(format!("{:?}", limiter.store()).contains(&format!(
+            "redis+sentinel://127.0.0.1:{}",
+            watched.sentinel_port
+        )));
         for _ in 0..10 {
-            assert!(limiter.try_acquire(Cost::call(0)).await.unwrap().is_admitted());
+            assert!(call(&limiter).await.unwrap().is_admitted());
         }
-        assert!(matches!(
-            limiter.try_acquire(Cost::call(0)).await.unwrap(),
-            Attempt::NotYet(_)
-        ));
+        assert!(matches!(call(&limiter).await.unwrap(), Attempt::NotYet(_)));
         // The charges reached the master, not some other server.
         assert!(!resp(watched.master.port, &["DBSIZE"]).starts_with(":0"));
         watched.replica_caught_up();
@@ -208,7 +215,7 @@ fn through_sentinel_the_store_is_exact_and_follows_a_failover() {
         // The replica had caught up: the spent burst stays spent, exactly.
         assert_eq!(requests_left(&snapshot), 0);
         assert!(matches!(
-            limiter.try_acquire(Cost::call(0)).await.unwrap(),
+            call(&limiter).await.unwrap(),
             Attempt::NotYet(_)
         ));
         eprintln!(
@@ -223,21 +230,12 @@ fn a_master_demoted_by_a_failover_is_left_for_the_new_one() {
         return;
     };
     runtime().block_on(async {
-        let store = RedisStore::connect(&watched.url()).await.unwrap();
-        let limiter = Limiter::new(
-            "demoted",
-            Limits::parse("1/m burst 4", "").unwrap(),
-            store.clone(),
-        )
-        .unwrap();
+        let default_timeout = RedisConfig::default().timeout();
+        let limiter = watched
+            .limiter("demoted", "1/m burst 4", default_timeout)
+            .await;
         for _ in 0..2 {
-            assert!(
-                limiter
-                    .try_acquire(Cost::call(0))
-                    .await
-                    .unwrap()
-                    .is_admitted()
-            );
+            assert!(call(&limiter).await.unwrap().is_admitted());
         }
         watched.replica_caught_up();
         // Both servers stay up: the old master becomes a replica, and answers writes with
@@ -257,7 +255,7 @@ fn a_master_demoted_by_a_failover_is_left_for_the_new_one() {
         let mut admitted = 0;
         let mut refused = 0;
         for _ in 0..4 {
-            match limiter.try_acquire(Cost::call(0)).await {
+            match call(&limiter).await {
                 Ok(attempt) if attempt.is_admitted() => admitted += 1,
                 Ok(_) => panic!("the key had two requests left"),
                 Err(Error::Unavailable { .. }) => refused += 1,
@@ -270,10 +268,7 @@ fn a_master_demoted_by_a_failover_is_left_for_the_new_one() {
         eprintln!("sentinel demotion: {refused} call(s) failed before the store followed");
         assert_eq!(admitted, 2);
         assert!(refused <= 1, "{refused} calls failed after the failover");
-        assert!(matches!(
-            limiter.try_acquire(Cost::call(0)).await.unwrap(),
-            Attempt::NotYet(_)
-        ));
+        assert!(matches!(call(&limiter).await.unwrap(), Attempt::NotYet(_)));
         // And the writes landed on the new master.
         assert!(resp(watched.replica.port, &["ROLE"]).contains("master"));
     });
@@ -312,23 +307,8 @@ fn with_the_master_dead_and_the_sentinel_stopped_calls_fail_within_the_timeout()
     };
     let timeout = Duration::from_millis(300);
     runtime().block_on(async {
-        let config = RedisConfig::default().with_timeout(timeout);
-        let store = RedisStore::connect_with(&watched.url(), config)
-            .await
-            .unwrap();
-        let limiter = Limiter::new(
-            "stopped",
-            Limits::parse("100/m", "").unwrap(),
-            store.clone(),
-        )
-        .unwrap();
-        assert!(
-            limiter
-                .try_acquire(Cost::call(0))
-                .await
-                .unwrap()
-                .is_admitted()
-        );
+        let limiter = watched.limiter("stopped", "100/m", timeout).await;
+        assert!(call(&limiter).await.unwrap().is_admitted());
         // The master dies and the sentinel stops answering (SIGSTOP): asking it again hangs,
         // and each call must still end within its timeout, closed.
         watched.master.kill();
@@ -342,7 +322,7 @@ fn with_the_master_dead_and_the_sentinel_stopped_calls_fail_within_the_timeout()
         );
         for _ in 0..3 {
             let started = Instant::now();
-            let result = limiter.try_acquire(Cost::call(0)).await;
+            let result = call(&limiter).await;
             let took = started.elapsed();
             assert!(
                 matches!(result, Err(Error::Unavailable { .. })),
