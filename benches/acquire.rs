@@ -3,29 +3,15 @@
 //! GCRA cell) against tollgate's store and `Limiter::try_acquire`, and its keyed `check_key`
 //! against a registry lookup plus an admission.
 
-use std::future::Future;
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{Quota, RateLimiter};
 use tollgate::store::Op;
 use tollgate::{Attempt, Cost, Limiter, Limits, MemoryStore, Registry, Store};
-
-/// Polls a future that is expected to be ready at once (the memory store never waits).
-fn ready<F: Future>(future: F) -> F::Output {
-    let mut future = pin!(future);
-    match future
-        .as_mut()
-        .poll(&mut Context::from_waker(Waker::noop()))
-    {
-        Poll::Ready(out) => out,
-        Poll::Pending => panic!("the memory store's future should be ready at once"),
-    }
-}
+use tollgate_testkit::ready;
 
 fn limits() -> Limits {
     // Rates high enough that no admission in the run is ever refused.

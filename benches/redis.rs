@@ -5,19 +5,14 @@
 //! Uses `TOLLGATE_BENCH_REDIS` (a URL) when set; otherwise starts a redis-server of its own on
 //! a free loopback port.
 
-#[path = "../tests/support/redis_cluster.rs"]
-mod redis_cluster;
-#[path = "../tests/support/redis_server.rs"]
-mod redis_server;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use redis_server::RedisServer;
 use tollgate::store::redis::RedisStore;
 use tollgate::store::{Op, Outcome};
 use tollgate::{Cost, Limits, Store};
+use tollgate_testkit::redis::RedisServer;
 
 /// An admission that never waits.
 const TRY: Op = Op::Acquire {
@@ -167,7 +162,8 @@ fn cluster(c: &mut Criterion) {
     if std::env::var_os("TOLLGATE_BENCH_REDIS").is_some() {
         return;
     }
-    let cluster = redis_cluster::RedisCluster::start().expect("redis-server and redis-cli");
+    let cluster =
+        tollgate_testkit::redis::RedisCluster::start().expect("redis-server and redis-cli");
     let url = cluster.url();
     let runtime = runtime();
     let store = runtime.block_on(connect(&url));

@@ -9,14 +9,10 @@
 //! ```text
 //! cargo run --release --example fanout
 //! cargo run --release --example fanout -- --limits "100/s burst 1" --calls 301
-//! cargo run --release --features redis --example fanout -- --redis redis://127.0.0.1:6379
+//! cargo run --release --features testing --example fanout -- --redis redis://127.0.0.1:6379
 //! ```
 //!
 //! With `--redis URL` the key lives in Redis (a fresh key per run) instead of in memory.
-
-#[cfg(feature = "redis")]
-#[path = "../tests/support/recording.rs"]
-mod recording;
 
 use std::fmt::Write as _;
 
@@ -90,10 +86,11 @@ async fn limiter(
     let Some(url) = &shape.redis else {
         return Ok((Registry::global().limiter("fanout", limits)?, None));
     };
-    #[cfg(feature = "redis")]
+    #[cfg(feature = "testing")]
     {
-        let store =
-            recording::Recording::new(tollgate::store::redis::RedisStore::connect(url).await?);
+        let store = tollgate::testing::Recording::new(
+            tollgate::store::redis::RedisStore::connect(url).await?,
+        );
         let log = store.log();
         let key = format!("fanout-{}", std::process::id());
         let limiter = Limiter::builder(key, limits.clone())
@@ -101,9 +98,9 @@ async fn limiter(
             .build()?;
         Ok((limiter, Some(log)))
     }
-    #[cfg(not(feature = "redis"))]
+    #[cfg(not(feature = "testing"))]
     {
-        Err(format!("--redis {url}: build with --features redis").into())
+        Err(format!("--redis {url}: build with --features testing (it brings redis)").into())
     }
 }
 

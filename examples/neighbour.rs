@@ -12,9 +12,6 @@
 //! ideal Z s`, where the ideal is the agent's tokens beyond the burst at the 70% of the refill
 //! rate the neighbour leaves it.
 
-#[path = "../tests/support/provider.rs"]
-mod provider;
-
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -23,10 +20,10 @@ use async_openai::Client;
 use async_openai::config::OpenAIConfig;
 use async_openai::middleware::ReqwestService;
 use async_openai::types::chat::CreateChatCompletionRequest;
-use provider::{Options, Provider, chat_prompt, workload};
 use tollgate::http::async_openai::GateLayer;
 use tollgate::http::{Gate, Profile};
 use tollgate::{Limits, MemoryStore, Registry};
+use tollgate_testkit::provider::{Options, Provider, chat_prompt, workload};
 
 const REQUESTS: u64 = 120;
 const TOKENS: u64 = 20_000;

@@ -10,12 +10,9 @@
 //! cargo run --release --example provider
 //! ```
 
-#[path = "../tests/support/provider.rs"]
-mod provider;
-
 use std::time::Duration;
 
-use provider::{
+use tollgate_testkit::provider::{
     Outcome, Provider, billed_tokens, fixed_delay, unthrottled, with_tollgate, workload,
 };
 

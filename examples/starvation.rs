@@ -1,8 +1,8 @@
 //! A large call among streams of small ones, in three processes sharing one key through Redis.
 //!
 //! ```text
-//! cargo run --release --features redis --example starvation                 # starts its own redis-server
-//! cargo run --release --features redis --example starvation -- --redis redis://127.0.0.1:6379
+//! cargo run --release --features testing --example starvation                 # starts its own redis-server
+//! cargo run --release --features testing --example starvation -- --redis redis://127.0.0.1:6379
 //! ```
 //!
 //! Two processes stream 100-token calls (8 at a time each, faster than `10000/m` refills); at
@@ -12,9 +12,6 @@
 //! admitted before one that reached the store earlier. Every time is Redis's own.
 //!
 //! It takes about a minute: 8,000 tokens of `10000/m` are 48 s of refill.
-
-#[path = "support/own_redis.rs"]
-mod own_redis;
 
 use std::collections::HashMap;
 use std::io::Write as _;
@@ -222,7 +219,7 @@ async fn main() -> ExitCode {
             }
         };
     }
-    let (url, own) = match own_redis::given_or_own(url).await {
+    let (url, own) = match tollgate_testkit::redis::given_or_own(url) {
         Ok(found) => found,
         Err(err) => {
             eprintln!("starvation: {err}");

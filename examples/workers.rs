@@ -1,9 +1,9 @@
 //! Worker processes sharing one key through Redis.
 //!
 //! ```text
-//! cargo run --release --features redis --example workers              # starts its own redis-server
-//! cargo run --release --features redis --example workers -- --redis redis://127.0.0.1:6379
-//! cargo run --release --features redis --example workers -- --processes 16 --tasks 50
+//! cargo run --release --features testing --example workers              # starts its own redis-server
+//! cargo run --release --features testing --example workers -- --redis redis://127.0.0.1:6379
+//! cargo run --release --features testing --example workers -- --processes 16 --tasks 50
 //! ```
 //!
 //! Without flags, 3 processes each make 20 calls, one after another, on `5/s burst 10`. With
@@ -13,11 +13,6 @@
 //! Every admission is recorded with Redis's own time; the summary line checks the window bound
 //! over every interval between admissions, across all the processes, on the server's clock,
 //! and counts the Redis commands the run cost (from `INFO commandstats`) per admitted call.
-
-#[path = "support/own_redis.rs"]
-mod own_redis;
-#[path = "../tests/support/recording.rs"]
-mod recording;
 
 use std::process::{Command, ExitCode, Stdio};
 
@@ -98,7 +93,7 @@ fn count(text: String, name: &str) -> Result<usize, String> {
 }
 
 async fn worker(args: &Args, url: &str, key: &str) -> Result<(), Box<dyn std::error::Error>> {
-    let store = recording::Recording::new(RedisStore::connect(url).await?);
+    let store = tollgate::testing::Recording::new(RedisStore::connect(url).await?);
     let limiter = Limiter::new(key, Limits::parse(&args.limits(), "")?, store)?;
     let tasks: Vec<_> = (0..args.tasks)
         .map(|_| {
@@ -208,7 +203,7 @@ async fn main() -> ExitCode {
         };
     }
 
-    let (url, own_server) = match own_redis::given_or_own(args.redis.clone()).await {
+    let (url, own_server) = match tollgate_testkit::redis::given_or_own(args.redis.clone()) {
         Ok(found) => found,
         Err(err) => {
             eprintln!("workers: {err}");

@@ -153,6 +153,8 @@ mod rate;
 mod registry;
 mod retry_after;
 pub mod store;
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
 
 pub use backoff::Backoff;

@@ -2,6 +2,8 @@
 //! without whitespace in far less than quadratic time. One test per file, so that the
 //! allocation figures are this test's alone.
 
+#[path = "estimators/common.rs"]
+#[allow(dead_code)] // the other tests use the rest
 mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};

@@ -409,6 +409,7 @@ impl RedisStore {
         }
         let sentinel = connection::sentinel_address(url);
         let shown = match &sentinel {
+            Some(Ok(_)) if url::ambiguous(url) => Shown::unreadable(url),
             Some(Ok(address)) => Shown::sentinel(address),
             Some(Err(_)) => Shown::unreadable(url),
             None => Shown::new(url),
@@ -504,28 +505,43 @@ impl RedisStore {
     /// Runs the script for `op` on `key`, at `now_ms` (tests) or the server's `TIME`.
     async fn run(&self, key: &RedisKey, op: Op, now_ms: Option<u64>) -> Result<Reply, Error> {
         let (name, args) = script::op_args(op);
-        let mut invocation = self.inner.script.prepare_invoke();
-        invocation
-            .key(&key.hash)
-            .key(&key.queue)
-            .arg(name)
-            .arg(&key.signature)
-            .arg(now_ms.map(|t| t.to_string()).unwrap_or_default())
-            .arg(key.windows.len())
-            .arg(u64::try_from(self.inner.config.lease.as_millis()).unwrap_or(u64::MAX));
-        script::window_args(&mut invocation, &key.windows);
-        for arg in args {
-            invocation.arg(arg);
-        }
+        // EVALSHA first; the same call with the script's text (EVAL, which also caches it on
+        // that node) when the node does not know it: a restarted server, a `SCRIPT FLUSH`, or
+        // a replica promoted by a failover (script caches are not replicated).
+        let command = |head: &mut redis::Cmd| {
+            head.arg(2)
+                .arg(&key.hash)
+                .arg(&key.queue)
+                .arg(name)
+                .arg(&key.signature)
+                .arg(now_ms.map(|t| t.to_string()).unwrap_or_default())
+                .arg(key.windows.len())
+                .arg(u64::try_from(self.inner.config.lease.as_millis()).unwrap_or(u64::MAX));
+            script::window_args(head, &key.windows);
+            for arg in &args {
+                head.arg(*arg);
+            }
+        };
+        let mut by_hash = redis::cmd("EVALSHA");
+        by_hash.arg(self.inner.script.get_hash());
+        command(&mut by_hash);
         let mut connection = self.inner.connection.clone();
         // A connection that broke since the last call (a restarted server) fails once, and the
         // manager reconnects; one more try, inside the same timeout, hides that from callers.
         let call = async {
-            match invocation.invoke_async::<Value>(&mut connection).await {
-                Err(e) if e.is_connection_dropped() || e.is_io_error() => {
-                    invocation.invoke_async::<Value>(&mut connection).await
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                match by_hash.query_async::<Value>(&mut connection).await {
+                    Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                        let mut by_text = redis::cmd("EVAL");
+                        by_text.arg(script::LUA);
+                        command(&mut by_text);
+                        break by_text.query_async::<Value>(&mut connection).await;
+                    }
+                    Err(e) if tries < 2 && (e.is_connection_dropped() || e.is_io_error()) => {}
+                    other => break other,
                 }
-                other => other,
             }
         };
         let value = self.bounded("the script", call).await?;

@@ -115,10 +115,10 @@ pub(super) fn op_args(op: Op) -> (&'static str, Vec<i64>) {
     }
 }
 
-/// Adds every window's parameters to an invocation.
-pub(super) fn window_args(invocation: &mut redis::ScriptInvocation<'_>, windows: &[Scaled]) {
+/// Adds every window's parameters to a script call.
+pub(super) fn window_args(command: &mut redis::Cmd, windows: &[Scaled]) {
     for w in windows {
-        invocation
+        command
             .arg(number(w.currency))
             .arg(w.scale)
             .arg(w.refill)

@@ -43,9 +43,33 @@ fn decoded(text: &str) -> String {
     String::from_utf8(out).unwrap_or_else(|_| text.to_owned())
 }
 
+/// Whether `raw` could place a secret where it would be shown: a fragment (`#`, which nothing
+/// reads, so anything after it, such as the rest of a password, would be printed), or more
+/// than one `@` (a password with an `@` in it, whose middle would read as a host).
+pub(crate) fn ambiguous(raw: &str) -> bool {
+    let rest = raw.split_once("://").map_or(raw, |(_, rest)| rest);
+    rest.contains('#') || rest.matches('@').count() > 1
+}
+
+/// Whether `host` reads as a host name or an address: anything else may be a piece of a
+/// password that ended up there.
+fn plausible_host(host: &str) -> bool {
+    let inner = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    !inner.is_empty()
+        && inner
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b':'))
+}
+
 impl Shown {
     pub(crate) fn new(raw: &str) -> Shown {
         let scheme = raw.split_once("://").map(|(s, _)| s);
+        if ambiguous(raw) {
+            return Shown::unreadable(raw);
+        }
         let Some(url) = redis::parse_redis_url(raw) else {
             // Unreadable: nothing past the scheme is shown, and the whole text is a secret.
             let shown = match scheme {
@@ -73,7 +97,7 @@ impl Shown {
                 .bytes()
                 .all(|b| b.is_ascii_digit())
         };
-        if (!unix && host.is_empty()) || !path_shown {
+        if (!unix && !plausible_host(host)) || !path_shown {
             return Shown::scrubbing(
                 format!(
                     "{}://(a URL that does not read as one; not shown)",
@@ -131,10 +155,6 @@ impl Shown {
                 }
             }
         }
-        if let Some(fragment) = url.fragment() {
-            shown.push('#');
-            shown.push_str(fragment);
-        }
         Shown::scrubbing(shown, secrets)
     }
 
@@ -171,7 +191,11 @@ impl Shown {
 
     /// An address of a known scheme that can't be read: nothing past its scheme is shown.
     pub(crate) fn unreadable(raw: &str) -> Shown {
-        let scheme = raw.split_once("://").map_or("", |(s, _)| s);
+        let scheme = raw
+            .split_once("://")
+            .map(|(s, _)| s)
+            .filter(|s| s.chars().all(|c| c.is_ascii_alphanumeric() || c == '+'))
+            .unwrap_or("");
         Shown::scrubbing(
             format!("{scheme}://(an address that does not read as one; not shown)"),
             Shown::pieces(raw),

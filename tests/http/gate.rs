@@ -1,0 +1,380 @@
+//! The sans-IO gate, driven by hand on an in-memory store and tokio's paused clock: exact
+//! levels after header sync, settlement and 429s, with calls in flight.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderMap, StatusCode};
+use serde_json::{Value, json};
+use tollgate::http::{Call, Gate, Profile, Reported, Verdict};
+use tollgate::{Currency, Limits, MemoryStore, Registry};
+
+fn gate(registry: &Arc<Registry>) -> Gate {
+    Gate::builder(Profile::openai())
+        .limits(Limits::parse("100/d", "100000/d").unwrap())
+        .registry(Arc::clone(registry))
+        .build()
+        .unwrap()
+}
+
+fn chat(words: usize, max_tokens: u64) -> Value {
+    json!({
+        "model": "gpt-4o",
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": vec!["word"; words].join(" ")}],
+    })
+}
+
+fn parts() -> http::request::Parts {
+    http::Request::post("http://provider.invalid/v1/chat/completions")
+        .body(())
+        .unwrap()
+        .into_parts()
+        .0
+}
+
+async fn admit(gate: &Gate, body: &Value) -> Call {
+    gate.admit(&parts(), body.to_string().as_bytes())
+        .await
+        .unwrap()
+}
+
+fn remaining(tokens: u64) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert("x-ratelimit-remaining-tokens", tokens.into());
+    headers
+}
+
+fn used(prompt: u64, completion: u64) -> Reported {
+    Reported::read(
+        json!({"usage": {"prompt_tokens": prompt, "completion_tokens": completion}})
+            .to_string()
+            .as_bytes(),
+        false,
+    )
+}
+
+async fn tokens_left(registry: &Registry) -> i128 {
+    let limiter = registry
+        .limiter(
+            "openai:gpt-4o",
+            &Limits::parse("100/d", "100000/d").unwrap(),
+        )
+        .unwrap();
+    let snapshot = limiter.snapshot().await.unwrap();
+    snapshot
+        .iter()
+        .find(|a| a.currency == Currency::Tokens)
+        .unwrap()
+        .tokens
+        .whole()
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_cost_is_the_prompt_plus_the_reserved_output() {
+    let registry = Arc::new(Registry::new(MemoryStore::new()));
+    let gate = gate(&registry);
+    let body = chat(10, 200);
+    let call = admit(&gate, &body).await;
+    // 3 framing + "user" + 10 words + 3 priming, plus 200 reserved.
+    assert_eq!(call.cost().unwrap().tokens, 3 + 1 + 10 + 3 + 200);
+    assert_eq!(call.key(), "openai:gpt-4o");
+    assert_eq!(tokens_left(&registry).await, 100_000 - 217);
+}
+
+#[tokio::test(start_paused = true)]
+async fn calls_in_flight_at_a_sync_are_neither_lost_nor_counted_twice() {
+    let registry = Arc::new(Registry::new(MemoryStore::new()));
+    // Three calls out before any answer, and exact levels: no waiting for the first answer,
+    // and no margin for the neighbour (both tested on their own below).
+    let gate = Gate::builder(Profile::openai())
+        .limits(Limits::parse("100/d", "100000/d").unwrap())
+        .registry(Arc::clone(&registry))
+        .first_answer_wait(None)
+        .model_foreign_spending(false)
+        .build()
+        .unwrap();
+    // Three calls sent in order, 50 ms apart: a, b, c.
+    let (a, b, c) = (chat(100, 100), chat(200, 100), chat(300, 100));
+    let mut call_a = admit(&gate, &a).await;
+    call_a.sending();
+    tokio::time::advance(Duration::from_millis(50)).await;
+    let mut call_b = admit(&gate, &b).await;
+    call_b.sending();
+    tokio::time::advance(Duration::from_millis(50)).await;
+    let mut call_c = admit(&gate, &c).await;
+    call_c.sending();
+    let cost = |call: &Call| call.cost().unwrap().tokens;
+    let (cost_a, cost_b, cost_c) = (cost(&call_a), cost(&call_b), cost(&call_c));
+    assert_eq!(
+        tokens_left(&registry).await,
+        100_000 - i128::from(cost_a + cost_b + cost_c)
+    );
+
+    // b's answer: the provider has seen a and b (and a neighbour spent 5,000), not c.
+    let provider_left = 100_000 - 5_000 - cost_a - cost_b;
+    let verdict = call_b
+        .respond(StatusCode::OK, &remaining(provider_left), None)
+        .await
+        .unwrap();
+    assert_eq!(verdict, Verdict::Passed);
+    // c is still charged here: the sync took it out of what the provider said was left (a
+    // call sent within 20 ms of b would have been taken as seen: it may have arrived first).
+    assert_eq!(
+        tokens_left(&registry).await,
+        i128::from(provider_left - cost_c)
+    );
+
+    // a used 40 more than estimated: the provider counted that already (a is in its count).
+    call_a
+        .respond(StatusCode::OK, &HeaderMap::new(), None)
+        .await
+        .unwrap();
+    let a_prompt = cost_a - 100;
+    call_a.finish(used(a_prompt + 40, 100)).await.unwrap();
+    assert_eq!(
+        tokens_left(&registry).await,
+        i128::from(provider_left - cost_c)
+    );
+    // b used 60 less than reserved: refunded.
+    let b_prompt = cost_b - 100;
+    call_b.finish(used(b_prompt, 40)).await.unwrap();
+    assert_eq!(
+        tokens_left(&registry).await,
+        i128::from(provider_left - cost_c + 60)
+    );
+    // c was not in the provider's count: its shortfall of 25 is charged.
+    let c_prompt = cost_c - 100;
+    call_c.finish(used(c_prompt + 25, 100)).await.unwrap();
+    assert_eq!(
+        tokens_left(&registry).await,
+        i128::from(provider_left - cost_c + 60) - 25
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_remaining_above_the_local_level_never_raises_it() {
+    let registry = Arc::new(Registry::new(MemoryStore::new()));
+    let gate = gate(&registry);
+    let mut call = admit(&gate, &chat(50, 100)).await;
+    let cost = call.cost().unwrap().tokens;
+    call.respond(StatusCode::OK, &remaining(100_000), None)
+        .await
+        .unwrap();
+    assert_eq!(tokens_left(&registry).await, 100_000 - i128::from(cost));
+    // Garbage never lowers either.
+    let mut headers = HeaderMap::new();
+    headers.insert("x-ratelimit-remaining-tokens", "-5".parse().unwrap());
+    let mut call = admit(&gate, &chat(50, 100)).await;
+    call.respond(StatusCode::OK, &headers, None).await.unwrap();
+    assert_eq!(tokens_left(&registry).await, 100_000 - 2 * i128::from(cost));
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_429_calls_in_flight_charge_no_shortfall_on_the_emptied_windows() {
+    let registry = Arc::new(Registry::new(MemoryStore::new()));
+    let gate = gate(&registry);
+    let (call_a, call_b) = (
+        admit(&gate, &chat(100, 0)).await,
+        admit(&gate, &chat(100, 0)).await,
+    );
+    let mut refused = admit(&gate, &chat(100, 0)).await;
+    let mut headers = HeaderMap::new();
+    headers.insert("retry-after", "2".parse().unwrap());
+    let body = br#"{"error":{"code":"rate_limit_exceeded","type":"tokens"}}"#;
+    let verdict = refused
+        .respond(StatusCode::TOO_MANY_REQUESTS, &headers, Some(body))
+        .await
+        .unwrap();
+    assert_eq!(
+        verdict,
+        Verdict::Transient {
+            pause: Some(Duration::from_secs(2))
+        }
+    );
+    assert_eq!(tokens_left(&registry).await, 0);
+    // Both underestimated by 500: the provider's 429 already counted them.
+    let prompt = call_a.cost().unwrap().tokens;
+    call_a.finish(used(prompt + 500, 0)).await.unwrap();
+    call_b.finish(used(prompt + 500, 0)).await.unwrap();
+    assert_eq!(tokens_left(&registry).await, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn permanent_429s_are_told_apart_from_rate_limits() {
+    let registry = Arc::new(Registry::new(MemoryStore::new()));
+    let gate = gate(&registry);
+    let mut call = admit(&gate, &chat(5, 0)).await;
+    let quota = br#"{"error":{"code":"insufficient_quota","type":"insufficient_quota"}}"#;
+    let verdict = call
+        .respond(
+            StatusCode::TOO_MANY_REQUESTS,
+            &HeaderMap::new(),
+            Some(quota),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        verdict,
+        Verdict::Permanent {
+            code: Some("insufficient_quota".into())
+        }
+    );
+
+    let anthropic = Gate::builder(Profile::anthropic())
+        .limits(Limits::parse("100/d", "100000/d").unwrap())
+        .registry(Arc::clone(&registry))
+        .build()
+        .unwrap();
+    let body = json!({"model": "claude", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]});
+    let spend = br#"{"type":"error","error":{"type":"rate_limit_error"}}"#;
+    let mut call = admit(&anthropic, &body).await;
+    let verdict = call
+        .respond(
+            StatusCode::TOO_MANY_REQUESTS,
+            &HeaderMap::new(),
+            Some(spend),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(verdict, Verdict::Permanent { .. }), "{verdict:?}");
+    let mut with_pause = HeaderMap::new();
+    with_pause.insert("retry-after", "3".parse().unwrap());
+    let mut call = admit(&anthropic, &body).await;
+    let verdict = call
+        .respond(StatusCode::TOO_MANY_REQUESTS, &with_pause, Some(spend))
+        .await
+        .unwrap();
+    assert_eq!(
+        verdict,
+        Verdict::Transient {
+            pause: Some(Duration::from_secs(3))
+        }
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_key_without_limits_takes_them_from_its_first_response_one_call_at_a_time() {
+    let registry = Arc::new(Registry::new(MemoryStore::new()));
+    let gate = Gate::builder(Profile::openai())
+        .limits_from_headers(Duration::from_secs(60))
+        .registry(Arc::clone(&registry))
+        .build()
+        .unwrap();
+    let body = chat(10, 100);
+    let mut first = admit(&gate, &body).await;
+    assert_eq!(first.cost(), None);
+    // A second call waits while the first is out.
+    let second = {
+        let gate = gate.clone();
+        let body = body.clone();
+        tokio::spawn(async move { admit(&gate, &body).await })
+    };
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(!second.is_finished());
+    let mut headers = HeaderMap::new();
+    for (name, value) in [
+        ("x-ratelimit-limit-requests", "500"),
+        ("x-ratelimit-remaining-requests", "499"),
+        ("x-ratelimit-limit-tokens", "30000"),
+        ("x-ratelimit-remaining-tokens", "29000"),
+    ] {
+        headers.insert(name, value.parse().unwrap());
+    }
+    first.respond(StatusCode::OK, &headers, None).await.unwrap();
+    drop(first);
+    let second = second.await.unwrap();
+    let cost = second
+        .cost()
+        .expect("charged now that the limits are known");
+    // The learned limits are exactly the headers', per minute: asking for them is no conflict.
+    let limiter = registry
+        .limiter("openai:gpt-4o", &Limits::parse("500/m", "30000/m").unwrap())
+        .unwrap();
+    let snapshot = limiter.snapshot().await.unwrap();
+    assert_eq!(snapshot[0].tokens.whole(), 499 - 1);
+    assert_eq!(snapshot[1].tokens.whole(), 29_000 - i128::from(cost.tokens));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_gate_forgets_keys_no_call_holds() {
+    let registry = Arc::new(Registry::new(MemoryStore::new()));
+    let gate = Gate::builder(Profile::openai())
+        .limits(Limits::parse("100/d", "100000/d").unwrap())
+        .registry(Arc::clone(&registry))
+        .key(|head, _| head.uri.path().to_owned())
+        .build()
+        .unwrap();
+    let held = admit(&gate, &chat(1, 0)).await;
+    for tenant in 0..10_000 {
+        let head = http::Request::post(format!("http://provider.invalid/tenant/{tenant}"))
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0;
+        let call = gate.admit(&head, b"{}").await.unwrap();
+        drop(call);
+    }
+    assert!(
+        gate.remembered_keys() <= 4_097,
+        "{}",
+        gate.remembered_keys()
+    );
+    // The key a call holds is kept.
+    assert_eq!(held.key(), "/v1/chat/completions");
+    let again = admit(&gate, &chat(1, 0)).await;
+    assert_eq!(again.cost().unwrap().requests, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_keys_first_call_goes_alone_and_its_answer_can_show_spending_elsewhere() {
+    let registry = Arc::new(Registry::new(MemoryStore::new()));
+    let gate = gate(&registry);
+    let (a, b) = (chat(100, 100), chat(200, 100));
+    let mut call_a = admit(&gate, &a).await;
+    call_a.sending();
+    let cost_a = call_a.cost().unwrap().tokens;
+    // b waits for a's answer: until it, the windows can't know what others spent.
+    let second = {
+        let gate = gate.clone();
+        tokio::spawn(async move { admit(&gate, &b).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!second.is_finished());
+    // The provider says a neighbour spent 5,000: the windows go down to its count, and 4% of
+    // the capacity further (4,000), since spending elsewhere is now known to happen.
+    let provider_left = 100_000 - 5_000 - cost_a;
+    call_a
+        .respond(StatusCode::OK, &remaining(provider_left), None)
+        .await
+        .unwrap();
+    let call_b = second.await.unwrap();
+    let cost_b = call_b.cost().unwrap().tokens;
+    assert_eq!(
+        tokens_left(&registry).await,
+        i128::from(provider_left - 4_000 - cost_b)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_first_answer_is_waited_for_one_second_at_most() {
+    let registry = Arc::new(Registry::new(MemoryStore::new()));
+    let gate = gate(&registry);
+    let body = chat(10, 10);
+    let first = admit(&gate, &body).await;
+    let started = tokio::time::Instant::now();
+    let second = admit(&gate, &body).await;
+    assert_eq!(started.elapsed(), Duration::from_secs(1));
+    // Without a wait configured, nobody waits.
+    let eager = Gate::builder(Profile::openai())
+        .limits(Limits::parse("100/d", "100000/d").unwrap())
+        .registry(Arc::new(Registry::new(MemoryStore::new())))
+        .first_answer_wait(None)
+        .build()
+        .unwrap();
+    let _one = admit(&eager, &body).await;
+    let started = tokio::time::Instant::now();
+    let _two = admit(&eager, &body).await;
+    assert_eq!(started.elapsed(), Duration::ZERO);
+    drop((first, second));
+}

@@ -1,0 +1,10 @@
+//! `tollgate::http`: the sans-IO gate by hand, and each adapter with its real client against
+//! the provider stand-in.
+
+#[cfg(feature = "async-openai")]
+mod async_openai;
+mod gate;
+#[cfg(feature = "reqwest-middleware")]
+mod reqwest_middleware;
+#[cfg(feature = "tower")]
+mod tower;

@@ -1,0 +1,106 @@
+//! When the Redis server dies or stops, every call waiting on a key learns it within about one
+//! store timeout, together, rather than one after another at its own turn; and no call returns
+//! later than its deadline, even when its store call hangs.
+
+use std::time::{Duration, Instant};
+
+use tollgate::store::redis::{RedisConfig, RedisStore};
+use tollgate::{Cost, Error, Limiter, Limits};
+use tollgate_testkit::redis::RedisServer;
+
+const STORE_TIMEOUT: Duration = Duration::from_millis(500);
+
+use tollgate_testkit::local_runtime as runtime;
+
+/// 50 calls waiting on a key (one a second), none with a deadline; then `fault` is done to
+/// the server. Answers how long after the fault the last waiter failed.
+fn fifty_waiters_then(server: &mut RedisServer, fault: impl FnOnce(&mut RedisServer)) -> Duration {
+    runtime().block_on(async {
+        let config = RedisConfig::default().with_timeout(STORE_TIMEOUT);
+        let store = RedisStore::connect_with(&server.url(), config)
+            .await
+            .unwrap();
+        let limiter = Limiter::new("waited", Limits::parse("1/s", "").unwrap(), store).unwrap();
+        limiter.acquire(Cost::call(0)).await.unwrap();
+        let waiters: Vec<_> = (0..50)
+            .map(|_| {
+                let limiter = limiter.clone();
+                tokio::spawn(async move { limiter.acquire_timeout(Cost::call(0), None).await })
+            })
+            .collect();
+        while limiter.waiters() < 50 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        fault(server);
+        let faulted = Instant::now();
+        let mut last = Duration::ZERO;
+        for waiter in waiters {
+            let result = waiter.await.unwrap();
+            assert!(
+                matches!(result, Err(Error::Unavailable { .. })),
+                "a waiter got {result:?}"
+            );
+            last = last.max(faulted.elapsed());
+        }
+        last
+    })
+}
+
+#[test]
+fn every_waiter_fails_together_when_the_server_dies() {
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    let last = fifty_waiters_then(&mut server, RedisServer::kill);
+    println!("50 waiters, server killed: the last failed after {last:?}");
+    assert!(
+        last <= 2 * STORE_TIMEOUT,
+        "the last waiter failed after {last:?}"
+    );
+}
+
+#[test]
+fn every_waiter_fails_together_when_the_server_stops() {
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    let last = fifty_waiters_then(&mut server, |s| s.pause());
+    println!("50 waiters, server stopped: the last failed after {last:?}");
+    assert!(
+        last <= 2 * STORE_TIMEOUT,
+        "the last waiter failed after {last:?}"
+    );
+    server.resume();
+}
+
+#[test]
+fn no_call_outlives_its_deadline_when_the_server_stops() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let config = RedisConfig::default().with_timeout(Duration::from_secs(5));
+        let store = RedisStore::connect_with(&server.url(), config)
+            .await
+            .unwrap();
+        let limiter = Limiter::new("deadline", Limits::parse("10/s", "").unwrap(), store).unwrap();
+        limiter.acquire(Cost::call(0)).await.unwrap();
+        server.pause();
+        let deadline = Duration::from_millis(100);
+        let start = Instant::now();
+        let result = limiter.acquire_timeout(Cost::call(0), Some(deadline)).await;
+        let took = start.elapsed();
+        println!("acquire with a 100 ms deadline, server stopped: returned after {took:?}");
+        assert!(matches!(result, Err(Error::Timeout { .. })), "{result:?}");
+        // The store's own timeout is 5 s; the call's deadline cuts it.
+        assert!(
+            took < deadline + Duration::from_millis(200),
+            "took {took:?}"
+        );
+        server.resume();
+        // And nothing was taken by the call that was cut: the server, back, still has 9.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let left = limiter.snapshot().await.unwrap()[0].tokens.whole();
+        assert!(left >= 9, "{left} left");
+    });
+}

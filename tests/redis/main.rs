@@ -1,0 +1,12 @@
+//! The Redis store against real servers on loopback: one server, a cluster, a sentinel. With
+//! `TOLLGATE_REDIS_CLUSTER` set, the tests written for one server run against a cluster.
+
+mod cancel;
+mod cluster;
+mod failover;
+mod faults;
+mod hardening;
+mod macro_on_redis;
+mod sentinel;
+mod store;
+mod support;

@@ -1,0 +1,1 @@
+//! Nothing here: the compile-time tests of `#[tollgate::limit]` are in `tests/`.
