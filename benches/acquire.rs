@@ -27,6 +27,7 @@ fn uncontended(c: &mut Criterion) {
     let op = Op::Acquire {
         cost: Cost::call(700),
         max_wait: Some(Duration::ZERO),
+        fly: false,
     };
 
     let mut group = c.benchmark_group("uncontended_admission");

@@ -107,10 +107,14 @@ fn layer_cost(c: &mut Criterion) {
     // The layer does its work: one call through it is charged, then settled to its usage.
     runtime.block_on(async {
         let limiter = registry_limiter(&registry);
-        let before = limiter.snapshot().await.unwrap()[1].tokens.whole();
+        let before = limiter.snapshot().await.unwrap().windows()[1]
+            .tokens
+            .whole();
         let response = layered.clone().oneshot(request(addr, &body)).await.unwrap();
         let _ = response.into_body().collect().await.unwrap();
-        let after = limiter.snapshot().await.unwrap()[1].tokens.whole();
+        let after = limiter.snapshot().await.unwrap().windows()[1]
+            .tokens
+            .whole();
         // 242 used, give or take the token or two that refill meanwhile.
         assert!(
             (240..=242).contains(&(before - after)),

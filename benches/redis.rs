@@ -18,6 +18,7 @@ use tollgate_testkit::redis::RedisServer;
 const TRY: Op = Op::Acquire {
     cost: Cost::call(700),
     max_wait: Some(Duration::ZERO),
+    fly: false,
 };
 
 /// The server to measure: `TOLLGATE_BENCH_REDIS`, or one started for the run.

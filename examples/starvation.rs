@@ -63,7 +63,7 @@ impl Store for Logged {
             (Op::Acquire { cost, .. }, Outcome::Queued { ticket, .. }) => {
                 arrived.insert(ticket.id(), (now, cost.tokens));
             }
-            (Op::Admit { ticket }, Outcome::Admitted) => {
+            (Op::Admit { ticket, .. }, Outcome::Admitted) => {
                 if let Some((at, tokens)) = arrived.remove(&ticket.id()) {
                     Logged::print(Some(ticket.id()), at, now, tokens);
                 }

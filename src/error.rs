@@ -215,6 +215,10 @@ impl Error {
                 cost,
                 capacity: rate.burst(),
             },
+            BucketError::QueueFull => Error::QueueFull {
+                key: key.to_owned(),
+                limit: crate::bucket::MAX_QUEUE,
+            },
         }
     }
 

@@ -158,7 +158,7 @@ pub mod store;
 pub mod testing;
 
 pub use backoff::Backoff;
-pub use bucket::{Available, Tokens};
+pub use bucket::{Amount, Available, Snapshot};
 pub use clock::ManualClock;
 pub use config::{Config, KeyConfig, install_config};
 pub use cost::{Cost, Usage};
@@ -166,7 +166,7 @@ pub use counting::OFF_WORKER_ABOVE;
 pub use error::{Cause, Error};
 pub use limiter::{Attempt, Limiter, LimiterBuilder, Permit, Settled, WaitPolicy};
 pub use macro_support::RateLimited;
-pub use rate::{Currency, Limits, Rate, RateError, RateErrorKind, Rates};
+pub use rate::{Currencies, Currency, Limits, Rate, RateError, RateErrorKind, Rates};
 pub use registry::{Registry, install_store};
 pub use retry_after::{MAX_RETRY_AFTER, parse_retry_after};
 pub use store::{MemoryStore, Store};

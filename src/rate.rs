@@ -34,6 +34,68 @@ impl Currency {
     pub const ALL: [Currency; 3] = [Currency::Requests, Currency::Tokens, Currency::OutputTokens];
 }
 
+/// A set of currencies: which windows a provider's 429 says are spent.
+///
+/// ```
+/// use tollgate::{Currencies, Currency};
+///
+/// let spent = Currencies::NONE.with(Currency::Tokens);
+/// assert!(spent.contains(Currency::Tokens));
+/// assert!(!spent.contains(Currency::Requests));
+/// assert!(Currencies::ALL.contains(Currency::OutputTokens));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Currencies(u8);
+
+impl Currencies {
+    /// No currency.
+    pub const NONE: Currencies = Currencies(0);
+    /// Every currency.
+    pub const ALL: Currencies = Currencies(0b111);
+
+    fn bit(currency: Currency) -> u8 {
+        match currency {
+            Currency::Requests => 1,
+            Currency::Tokens => 2,
+            Currency::OutputTokens => 4,
+        }
+    }
+
+    /// The same set with `currency` in it.
+    pub const fn with(self, currency: Currency) -> Currencies {
+        Currencies(
+            self.0
+                | match currency {
+                    Currency::Requests => 1,
+                    Currency::Tokens => 2,
+                    Currency::OutputTokens => 4,
+                },
+        )
+    }
+
+    /// Whether `currency` is in the set.
+    pub fn contains(self, currency: Currency) -> bool {
+        self.0 & Currencies::bit(currency) != 0
+    }
+
+    /// True when no currency is in the set.
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The set as a bit mask (requests 1, tokens 2, output tokens 4): how the Redis script
+    /// takes it.
+    pub(crate) fn bits(self) -> u8 {
+        self.0
+    }
+}
+
+impl FromIterator<Currency> for Currencies {
+    fn from_iter<I: IntoIterator<Item = Currency>>(iter: I) -> Currencies {
+        iter.into_iter().fold(Currencies::NONE, Currencies::with)
+    }
+}
+
 impl fmt::Display for Currency {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

@@ -33,7 +33,7 @@ const MIN_SWEEP: usize = 1024;
 /// let b = registry.limiter("search", &limits)?;
 /// a.acquire(Cost::call(0)).await?;
 /// // `b` is the same limiter: the call above was charged to it too.
-/// assert_eq!(b.snapshot().await?[0].tokens.whole(), 59);
+/// assert_eq!(b.snapshot().await?.windows()[0].tokens.whole(), 59);
 ///
 /// let err = registry.limiter("search", &Limits::parse("100/m", "")?).unwrap_err();
 /// assert!(matches!(err, tollgate::Error::ConflictingLimits { .. }));

@@ -31,6 +31,11 @@ pub async fn redis_apply_at(
     store.apply_at(key, op, now_ms).await
 }
 
+/// The Lua script the Redis store runs, as sent to the server (its constants filled in).
+pub fn redis_script() -> &'static str {
+    crate::store::redis::script_text()
+}
+
 /// The names of `key`'s hash and of its queue in Redis.
 pub fn redis_names(store: &RedisStore, key: &str) -> (String, String) {
     store.names(key)

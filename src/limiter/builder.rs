@@ -200,6 +200,8 @@ impl<S: Store> LimiterBuilder<S> {
                 health: OnceLock::new(),
                 line: super::line::Line::default(),
                 penalties: std::sync::atomic::AtomicU64::new(0),
+                cover: std::sync::Mutex::default(),
+                unsettled: AtomicUsize::new(0),
             }),
         })
     }

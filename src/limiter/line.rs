@@ -12,7 +12,12 @@
 //! processes.
 //!
 //! A refund (a call settled below its estimate) makes tokens exist sooner than the line's
-//! schedule says: the first waiter is rung, and asks at once instead of at its due time.
+//! schedule says, and a penalty makes the schedule wrong the other way: either way the line is
+//! *planned again*. The first waiter is rung and asks at once; while the line is being planned
+//! again, each waiter that passes rings the one behind it, which asks at once instead of at its
+//! old due time (and, if it can't pass yet, hears exactly when it can). So after a refund every
+//! waiter passes as soon as every window can pay it and the calls ahead of it have passed, at
+//! the cost of at most one early question per waiter.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -23,7 +28,15 @@ use tokio::time::Instant;
 /// The tickets of this limiter's waiters by id (ids grow in the order tickets are issued).
 #[derive(Debug, Default)]
 pub(super) struct Line {
-    tickets: Mutex<BTreeMap<u64, Place>>,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    tickets: BTreeMap<u64, Place>,
+    /// Set by a refund or a penalty until the line is empty: each waiter that passes rings the
+    /// next.
+    replanning: bool,
 }
 
 /// One waiter's place.
@@ -44,16 +57,21 @@ impl Line {
             bell: Some(Arc::clone(bell)),
             ..Place::default()
         };
-        self.lock().insert(ticket, place);
+        self.lock().tickets.insert(ticket, place);
     }
 
-    /// Tokens came back: the first waiter asks again now.
-    pub(super) fn refunded(&self) {
-        let bell = self
-            .lock()
-            .values()
-            .next()
-            .and_then(|place| place.bell.clone());
+    /// The windows changed other than by the line's own schedule (a refund, a penalty): the
+    /// first waiter asks again now, and the line is planned again (see the module docs).
+    pub(super) fn replan(&self) {
+        let bell = {
+            let mut state = self.lock();
+            state.replanning = !state.tickets.is_empty();
+            state
+                .tickets
+                .values()
+                .next()
+                .and_then(|place| place.bell.clone())
+        };
         if let Some(bell) = bell {
             bell.notify_one();
         }
@@ -61,7 +79,7 @@ impl Line {
 
     /// The waiter of `ticket` will ask the store again at `wake` at the latest.
     pub(super) fn wakes_at(&self, ticket: u64, wake: Instant) {
-        if let Some(place) = self.lock().get_mut(&ticket) {
+        if let Some(place) = self.lock().tickets.get_mut(&ticket) {
             place.wake = Some(wake);
         }
     }
@@ -70,6 +88,7 @@ impl Line {
     /// is then the sign of life the health watchdog would otherwise ask for.
     pub(super) fn asks_within(&self, now: Instant, within: std::time::Duration) -> bool {
         self.lock()
+            .tickets
             .values()
             .filter_map(|place| place.wake)
             .any(|wake| wake >= now && wake.saturating_duration_since(now) < within)
@@ -78,12 +97,12 @@ impl Line {
     /// The waiter of `ticket` is behind: `nudge` is notified when the ticket ahead of it
     /// passes.
     pub(super) fn stand(&self, ticket: u64, nudge: &Arc<Notify>) {
-        self.lock().entry(ticket).or_default().nudge = Some(Arc::clone(nudge));
+        self.lock().tickets.entry(ticket).or_default().nudge = Some(Arc::clone(nudge));
     }
 
     /// The waiter of `ticket` woke (and asks again).
     pub(super) fn sit(&self, ticket: u64) {
-        if let Some(place) = self.lock().get_mut(&ticket) {
+        if let Some(place) = self.lock().tickets.get_mut(&ticket) {
             place.nudge = None;
         }
     }
@@ -92,38 +111,49 @@ impl Line {
     /// [`stand`](Line::stand)) and answers true; else changes nothing. One step, so that the
     /// ticket ahead can't pass unseen in between.
     pub(super) fn stand_if_behind(&self, ticket: u64, nudge: &Arc<Notify>) -> bool {
-        let mut tickets = self.lock();
-        if tickets.range(..ticket).next().is_none() {
+        let mut state = self.lock();
+        if state.tickets.range(..ticket).next().is_none() {
             return false;
         }
-        tickets.entry(ticket).or_default().nudge = Some(Arc::clone(nudge));
+        state.tickets.entry(ticket).or_default().nudge = Some(Arc::clone(nudge));
         true
     }
 
     /// Whether a ticket of this limiter is ahead of `ticket`.
     pub(super) fn has_ahead(&self, ticket: u64) -> bool {
-        self.lock().range(..ticket).next().is_some()
+        self.lock().tickets.range(..ticket).next().is_some()
     }
 
     /// Ticket `ticket` passed or gave up its place: the ticket right after it asks again, if
-    /// it was waiting to be nudged.
+    /// it was waiting to be nudged, or if the line is being planned again.
     pub(super) fn moved(&self, ticket: u64) {
         let next = {
-            let mut tickets = self.lock();
-            tickets.remove(&ticket);
-            tickets
+            let mut state = self.lock();
+            state.tickets.remove(&ticket);
+            let replanning = state.replanning;
+            let next = state
+                .tickets
                 .range_mut(ticket.saturating_add(1)..)
                 .next()
-                .and_then(|(_, place)| place.nudge.take())
+                .and_then(|(_, place)| {
+                    place
+                        .nudge
+                        .take()
+                        .or_else(|| replanning.then(|| place.bell.clone()).flatten())
+                });
+            if state.tickets.is_empty() {
+                state.replanning = false;
+            }
+            next
         };
         if let Some(nudge) = next {
             nudge.notify_one();
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Place>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // The map is consistent between statements; a panic elsewhere leaves it usable.
-        self.tickets.lock().unwrap_or_else(PoisonError::into_inner)
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -169,6 +199,6 @@ mod tests {
         assert!(!nudged(&c).await);
         line.moved(11);
         line.moved(u64::MAX);
-        assert!(line.lock().is_empty());
+        assert!(line.lock().tickets.is_empty());
     }
 }

@@ -10,10 +10,10 @@ use tokio::time::Instant;
 use tollgate_estimators::{Estimate, Estimator};
 use tracing::Instrument;
 
-use crate::bucket::Available;
+use crate::bucket::{Snapshot, SyncArgs};
 use crate::cost::Cost;
 use crate::error::Error;
-use crate::rate::Limits;
+use crate::rate::{Currencies, Currency, Limits};
 use crate::store::{AnyStore, Op, Outcome, Store};
 
 mod builder;
@@ -67,33 +67,75 @@ struct Inner<S: Store> {
     health: OnceLock<health::Health>,
     /// Waiters behind calls of this limiter that have yet to pass.
     line: line::Line,
-    /// How many 429 penalties this process applied to the key: a permit admitted before one
-    /// was counted by the provider's refusal, so its shortfall is not charged again.
+    /// How many 429 penalties this process applied to the key.
     penalties: std::sync::atomic::AtomicU64,
+    /// What the last penalty emptied: permits admitted before it (counted by the provider's
+    /// refusal) may settle a shortfall against it instead of charging it again, never more.
+    cover: std::sync::Mutex<Cover>,
+    /// Calls in flight that will settle (the HTTP gate's): refunds may still come, so a wait
+    /// that looks longer than the deadline is not certain.
+    unsettled: AtomicUsize,
+}
+
+/// What the last penalty emptied, per currency, and which penalty that was.
+#[derive(Debug, Default)]
+struct Cover {
+    penalty: u64,
+    tokens: [u64; 3],
 }
 
 /// The metrics of one key, through the `metrics` facade. Without an installed recorder these
 /// are no-ops; install the recorder before the first limited call, since a limiter registers
 /// its handles once.
-struct Meters {
+pub(crate) struct Meters {
     admitted: metrics::Counter,
     tokens: metrics::Counter,
     waited: metrics::Histogram,
     timeouts: metrics::Counter,
     penalties: metrics::Counter,
     settlements: metrics::Counter,
+    /// Tokens charged when calls settled above their estimate.
+    settled_charged: metrics::Counter,
+    /// Tokens given back when calls settled below their estimate.
+    refunded: metrics::Counter,
+    /// Tokens a header sync took off to reach the provider's count.
+    pub(crate) lowered: metrics::Counter,
+    /// The provider's 429s, by kind.
+    pub(crate) transient_429s: metrics::Counter,
+    pub(crate) permanent_429s: metrics::Counter,
+    /// The modelled rate of spending elsewhere, in tokens a second.
+    pub(crate) foreign_rate: metrics::Gauge,
 }
 
 impl Meters {
     fn new(key: &str) -> Meters {
         let key = key.to_owned();
+        let with_key = |name: &'static str| metrics::counter!(name, "key" => key.clone());
         Meters {
-            admitted: metrics::counter!("tollgate_calls_admitted_total", "key" => key.clone()),
-            tokens: metrics::counter!("tollgate_tokens_charged_total", "key" => key.clone()),
+            admitted: with_key("tollgate_calls_admitted_total"),
+            tokens: with_key("tollgate_tokens_charged_total"),
             waited: metrics::histogram!("tollgate_wait_seconds", "key" => key.clone()),
-            timeouts: metrics::counter!("tollgate_timeouts_total", "key" => key.clone()),
-            penalties: metrics::counter!("tollgate_penalties_total", "key" => key.clone()),
-            settlements: metrics::counter!("tollgate_settlements_total", "key" => key),
+            timeouts: with_key("tollgate_timeouts_total"),
+            penalties: with_key("tollgate_penalties_total"),
+            settlements: with_key("tollgate_settlements_total"),
+            settled_charged: with_key("tollgate_tokens_settled_total"),
+            refunded: with_key("tollgate_tokens_refunded_total"),
+            lowered: with_key("tollgate_tokens_lowered_total"),
+            transient_429s: metrics::counter!("tollgate_provider_429s_total", "key" => key.clone(), "kind" => "transient"),
+            permanent_429s: metrics::counter!("tollgate_provider_429s_total", "key" => key.clone(), "kind" => "permanent"),
+            foreign_rate: metrics::gauge!("tollgate_foreign_tokens_per_second", "key" => key),
+        }
+    }
+
+    /// Counts what a settlement changed: refunds and charges, in tokens of every currency.
+    fn settled(&self, delta: [i64; 3]) {
+        self.settlements.increment(1);
+        for d in delta {
+            if d > 0 {
+                self.refunded.increment(d.unsigned_abs());
+            } else if d < 0 {
+                self.settled_charged.increment(d.unsigned_abs());
+            }
         }
     }
 }
@@ -257,17 +299,12 @@ impl<S: Store> Limiter<S> {
         self.inner.waiters.load(Ordering::Acquire)
     }
 
-    /// Tokens came back: the first waiter asks now rather than at its due time.
+    /// Tokens came back: the line is planned again from the first waiter on (see `Line`).
     pub(crate) fn refunded(&self) {
-        self.inner.line.refunded();
+        self.inner.line.replan();
     }
 
-    /// True when a penalty came after `penalties` were counted.
-    pub(crate) fn penalized_since(&self, penalties: u64) -> bool {
-        self.inner.penalties.load(Ordering::Acquire) != penalties
-    }
-
-    fn meters(&self) -> &Meters {
+    pub(crate) fn meters(&self) -> &Meters {
         self.inner
             .meters
             .get_or_init(|| Meters::new(&self.inner.key))
@@ -278,19 +315,86 @@ impl<S: Store> Limiter<S> {
     /// pause already in force wins. See [`parse_retry_after`](crate::parse_retry_after) for the
     /// header.
     pub async fn penalize(&self, retry_after: Duration) -> Result<(), Error> {
-        self.call_bounded(Op::Penalize { pause: retry_after })
-            .await?;
-        self.inner.penalties.fetch_add(1, Ordering::Release);
+        self.penalize_spent(retry_after, Currencies::ALL).await
+    }
+
+    /// Like [`penalize`](Limiter::penalize), but empties only the windows of the `spent`
+    /// currencies: a 429 whose headers say requests are left while tokens are not must not
+    /// throw the requests away. Nothing passes during the pause either way.
+    ///
+    /// Calls admitted before the penalty were counted by the provider's refusal: one that
+    /// later settles above its estimate draws on what the penalty emptied before it is charged
+    /// (never more than that), so that it is not counted twice.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Cost, Currencies, Currency, Limiter, Limits};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), tollgate::Error> {
+    /// let limiter = Limiter::builder("k", Limits::parse("100/m", "10000/m")?).build()?;
+    /// limiter.acquire(Cost::call(9_000)).await?;
+    /// let tokens = Currencies::NONE.with(Currency::Tokens);
+    /// limiter.penalize_spent(Duration::from_secs(1), tokens).await?;
+    /// let snapshot = limiter.snapshot().await?;
+    /// assert_eq!(snapshot.tokens().unwrap().whole(), 0);
+    /// assert_eq!(snapshot.requests().unwrap().whole(), 99);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn penalize_spent(
+        &self,
+        retry_after: Duration,
+        spent: Currencies,
+    ) -> Result<(), Error> {
+        let emptied = match self
+            .call_bounded(Op::Penalize {
+                pause: retry_after,
+                spent,
+            })
+            .await?
+        {
+            Outcome::Emptied(emptied) => emptied,
+            // A store that predates emptied counts: nothing to cover with.
+            Outcome::Done => [0; 3],
+            other => return Err(unexpected(&other)),
+        };
+        let penalty = self.inner.penalties.fetch_add(1, Ordering::AcqRel) + 1;
+        *self
+            .inner
+            .cover
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Cover {
+            penalty,
+            tokens: emptied,
+        };
         self.meters().penalties.increment(1);
+        self.inner.line.replan();
         tracing::warn!(key = %self.inner.key, ?retry_after, "the provider refused a call; pausing the key");
         Ok(())
+    }
+
+    /// Takes what a permit admitted before penalty number `penalties` may leave uncharged of
+    /// a `shortfall` in currency `index`: what the last penalty emptied, as far as it goes.
+    pub(crate) fn covered(&self, penalties: u64, index: usize, shortfall: u64) -> u64 {
+        let mut cover = self
+            .inner
+            .cover
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if cover.penalty <= penalties {
+            return 0;
+        }
+        let covered = shortfall.min(cover.tokens[index]);
+        cover.tokens[index] -= covered;
+        covered
     }
 
     /// Lowers what the windows of `currency` hold to at most `remaining` (what a provider's
     /// `remaining` header says is left); never raises them, since calls in flight are charged
     /// here and not yet counted there. Answers how many whole tokens the window closest to
     /// `remaining` held above it (what was taken off), or, negative, below it.
-    pub async fn lower(&self, currency: crate::Currency, remaining: u64) -> Result<i64, Error> {
+    pub async fn lower(&self, currency: Currency, remaining: u64) -> Result<i64, Error> {
         match self
             .call_bounded(Op::Lower {
                 currency,
@@ -298,7 +402,33 @@ impl<S: Store> Limiter<S> {
             })
             .await?
         {
-            Outcome::Lowered(tokens) => Ok(tokens),
+            Outcome::Lowered(tokens) => {
+                if tokens > 0 {
+                    self.meters().lowered.increment(tokens.unsigned_abs());
+                }
+                Ok(tokens)
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// A header sync on the store (see [`SyncArgs`]): per currency, how far above the
+    /// provider's count the closest window was, and whether the count was ambiguous.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) async fn sync(&self, args: SyncArgs) -> Result<([Option<i64>; 3], bool), Error> {
+        match self.call_bounded(Op::Sync(args)).await? {
+            Outcome::Synced { above, ambiguous } => {
+                let lowered: u64 = above
+                    .iter()
+                    .flatten()
+                    .filter(|a| **a > 0)
+                    .map(|a| a.unsigned_abs())
+                    .sum();
+                if lowered > 0 {
+                    self.meters().lowered.increment(lowered);
+                }
+                Ok((above, ambiguous))
+            }
             other => Err(unexpected(&other)),
         }
     }
@@ -306,13 +436,13 @@ impl<S: Store> Limiter<S> {
     /// Takes `tokens` from every window of `currency` (into debt if need be), for spending
     /// this process did not make but knows of (another program on the same quota).
     #[cfg_attr(not(feature = "http"), allow(dead_code))]
-    pub(crate) async fn charge(&self, currency: crate::Currency, tokens: u64) -> Result<(), Error> {
+    pub(crate) async fn charge(&self, currency: Currency, tokens: u64) -> Result<(), Error> {
         let amount = -i64::try_from(tokens).unwrap_or(i64::MAX);
         let (mut requests, mut token_part, mut output_tokens) = (0, 0, 0);
         match currency {
-            crate::Currency::Requests => requests = amount,
-            crate::Currency::Tokens => token_part = amount,
-            crate::Currency::OutputTokens => output_tokens = amount,
+            Currency::Requests => requests = amount,
+            Currency::Tokens => token_part = amount,
+            Currency::OutputTokens => output_tokens = amount,
         }
         self.call_bounded(Op::Adjust {
             requests,
@@ -323,17 +453,26 @@ impl<S: Store> Limiter<S> {
         .map(|_| ())
     }
 
-    fn permit(&self, cost: Cost, start: Instant) -> Permit<S> {
-        self.admitted(cost, Instant::now().saturating_duration_since(start))
-    }
-
-    fn admitted(&self, cost: Cost, waited: Duration) -> Permit<S> {
+    fn admitted(&self, cost: Cost, waited: Duration, flight: Option<u64>) -> Permit<S> {
         let meters = self.meters();
         meters.admitted.increment(1);
         meters.tokens.increment(cost.tokens);
         meters.waited.record(waited.as_secs_f64());
         let penalties = self.inner.penalties.load(Ordering::Acquire);
-        Permit::new(self.clone(), cost, waited, penalties)
+        if flight.is_some() {
+            self.inner.unsettled.fetch_add(1, Ordering::AcqRel);
+        }
+        Permit::new(self.clone(), cost, waited, penalties, flight)
+    }
+
+    /// A permit that will settle went away (settled for the last time, or dropped).
+    pub(crate) fn landed(&self) {
+        self.inner.unsettled.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Whether calls that will still settle are in flight: refunds may come.
+    pub(crate) fn refunds_may_come(&self) -> bool {
+        self.inner.unsettled.load(Ordering::Acquire) > 0
     }
 
     /// Admits `cost` now if every window can pay for it (on top of every call waiting), without
@@ -346,6 +485,7 @@ impl<S: Store> Limiter<S> {
         let op = Op::Acquire {
             cost,
             max_wait: Some(Duration::ZERO),
+            fly: false,
         };
         // The store checks the cost; a call that never waits reads no clock of its own. A
         // store that answers at once (memory) never builds the bounded call: boxed, it keeps
@@ -356,7 +496,7 @@ impl<S: Store> Limiter<S> {
             None => Box::pin(self.call_bounded(op)).await?,
         };
         match outcome {
-            Outcome::Admitted => Ok(Attempt::Admitted(self.admitted(cost, Duration::ZERO))),
+            Outcome::Admitted => Ok(Attempt::Admitted(self.admitted(cost, Duration::ZERO, None))),
             Outcome::NotYet(hint) => Ok(Attempt::NotYet(hint)),
             other => Err(unexpected(&other)),
         }
@@ -412,13 +552,38 @@ impl<S: Store> Limiter<S> {
             requests = cost.requests,
             tokens = cost.tokens
         );
-        self.wait(cost, start, deadline).instrument(span).await
+        self.wait(cost, start, deadline, false)
+            .instrument(span)
+            .await
     }
 
-    /// What every window of the key holds now.
-    pub async fn snapshot(&self) -> Result<Vec<Available>, Error> {
+    /// Like [`acquire_timeout`](Limiter::acquire_timeout), for a call that goes out through the
+    /// HTTP gate: the store remembers it as in flight (so that header syncs, in every process,
+    /// know it was sent and not yet counted by the provider) until its permit settles for the
+    /// last time or is dropped.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) async fn acquire_flight(
+        &self,
+        cost: Cost,
+        timeout: Option<Duration>,
+    ) -> Result<Permit<S>, Error> {
+        let start = Instant::now();
+        let deadline = timeout.and_then(|t| start.checked_add(t));
+        let span = tracing::debug_span!(
+            "tollgate.acquire",
+            key = %self.inner.key,
+            requests = cost.requests,
+            tokens = cost.tokens
+        );
+        self.wait(cost, start, deadline, true)
+            .instrument(span)
+            .await
+    }
+
+    /// What every window of the key holds now, by currency.
+    pub async fn snapshot(&self) -> Result<Snapshot, Error> {
         match self.call_bounded(Op::Snapshot).await? {
-            Outcome::Snapshot(levels) => Ok(levels),
+            Outcome::Snapshot(levels) => Ok(Snapshot::new(levels)),
             other => Err(unexpected(&other)),
         }
     }

@@ -5,7 +5,7 @@ use std::time::Duration;
 use super::Limiter;
 use crate::cost::{Cost, Usage};
 use crate::error::Error;
-use crate::store::{AnyStore, Op, Store};
+use crate::store::{AnyStore, Op, Outcome, Store};
 
 /// The answer of [`Limiter::try_acquire`]: admitted, or the time until the call could be.
 #[derive(Debug)]
@@ -34,6 +34,8 @@ impl<S: Store> Attempt<S> {
 }
 
 /// Proof that a call paid its toll.
+///
+/// Dropping it without settling keeps what was charged (the estimate).
 #[derive(Debug)]
 pub struct Permit<S: Store = AnyStore> {
     limiter: Limiter<S>,
@@ -41,6 +43,9 @@ pub struct Permit<S: Store = AnyStore> {
     waited: Duration,
     /// The limiter's count of penalties when this call was admitted.
     penalties: u64,
+    /// The call's number among the key's calls in flight, until it settles for the last time
+    /// (calls that went out through the HTTP gate).
+    flight: Option<u64>,
 }
 
 /// What settling changed, per currency: positive for a refund, negative for a charge.
@@ -53,25 +58,27 @@ pub struct Settled {
     pub output_tokens: i64,
 }
 
-fn delta(charged: u64, used: Option<u64>) -> i64 {
-    let Some(used) = used else { return 0 };
-    let delta = i128::from(charged) - i128::from(used);
-    i64::try_from(delta).unwrap_or(if delta > 0 { i64::MAX } else { i64::MIN })
-}
-
 impl<S: Store> Permit<S> {
     pub(super) fn new(
         limiter: Limiter<S>,
         cost: Cost,
         waited: Duration,
         penalties: u64,
+        flight: Option<u64>,
     ) -> Permit<S> {
         Permit {
             limiter,
             cost,
             waited,
             penalties,
+            flight,
         }
+    }
+
+    /// The call's number among the key's calls in flight (calls sent through the HTTP gate).
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn flight(&self) -> Option<u64> {
+        self.flight
     }
 
     /// What the call paid.
@@ -103,7 +110,7 @@ impl<S: Store> Permit<S> {
     /// let permit = limiter.acquire(Cost::call(300)).await?;
     /// // The response reported 420 tokens: 120 more are charged.
     /// assert_eq!(permit.settle(420).await?, -120);
-    /// assert_eq!(limiter.snapshot().await?[0].tokens.whole(), 580);
+    /// assert_eq!(limiter.snapshot().await?.windows()[0].tokens.whole(), 580);
     /// # Ok(())
     /// # }
     /// ```
@@ -117,9 +124,10 @@ impl<S: Store> Permit<S> {
     /// Settles every currency the usage reports (tokens, output tokens) against what was
     /// charged for it; a currency the usage leaves out stays as charged.
     ///
-    /// A call admitted before a [`penalize`](Limiter::penalize) in this process is refunded
-    /// an overestimate but not charged its shortfall: the provider's 429 already counted it,
-    /// and the penalty emptied the windows, so charging it again would count it twice.
+    /// A call admitted before a [`penalize`](Limiter::penalize) in this process was counted
+    /// by the provider's refusal, and the penalty emptied the windows: an overestimate is
+    /// refunded, and a shortfall is charged only beyond what the penalty emptied (so that it
+    /// is not counted twice, and never left uncharged beyond what the penalty took).
     ///
     /// ```
     /// use tollgate::{Cost, Limiter, Limits, Usage};
@@ -135,39 +143,108 @@ impl<S: Store> Permit<S> {
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn settle_usage(self, usage: Usage) -> Result<Settled, Error> {
+    pub async fn settle_usage(mut self, usage: Usage) -> Result<Settled, Error> {
+        self.settle_now(usage, true).await
+    }
+
+    /// Settles part of the usage before the call ends: a stream that reports its input at the
+    /// start (Anthropic's `message_start`) settles the input then, and the output at the end
+    /// with [`settle_usage`](Permit::settle_usage). The permit's cost becomes what was used in
+    /// the currencies settled.
+    pub async fn settle_part(&mut self, usage: Usage) -> Result<Settled, Error> {
+        self.settle_now(usage, false).await
+    }
+
+    async fn settle_now(&mut self, usage: Usage, last: bool) -> Result<Settled, Error> {
         let limits = self.limiter.limits();
-        let mut usage = usage;
-        if self.limiter.penalized_since(self.penalties) {
-            usage.tokens = usage.tokens.map(|t| t.min(self.cost.tokens));
-            usage.output_tokens = usage.output_tokens.map(|t| t.min(self.cost.output_tokens));
+        let used = [
+            None,
+            usage.tokens.filter(|_| !limits.tokens().is_empty()),
+            usage
+                .output_tokens
+                .filter(|_| !limits.output_tokens().is_empty()),
+        ];
+        let delta = match self.flight {
+            Some(flight) => {
+                if last {
+                    self.flight = None;
+                    self.limiter.landed();
+                }
+                let op = Op::Settle {
+                    flight,
+                    charged: self.cost,
+                    used,
+                    last,
+                };
+                match self.limiter.call_bounded(op).await? {
+                    Outcome::Settled(delta) => delta,
+                    other => return Err(super::unexpected(&other)),
+                }
+            }
+            None => {
+                let charged = [
+                    self.cost.requests,
+                    self.cost.tokens,
+                    self.cost.output_tokens,
+                ];
+                let mut delta = [0i64; 3];
+                for i in 1..3 {
+                    let Some(used) = used[i] else { continue };
+                    delta[i] = if used <= charged[i] {
+                        clamp(u128::from(charged[i] - used))
+                    } else {
+                        let shortfall = used - charged[i];
+                        let covered = self.limiter.covered(self.penalties, i, shortfall);
+                        -clamp(u128::from(shortfall - covered))
+                    };
+                }
+                if delta != [0; 3] {
+                    self.limiter
+                        .call_bounded(Op::Adjust {
+                            requests: 0,
+                            tokens: delta[1],
+                            output_tokens: delta[2],
+                        })
+                        .await?;
+                }
+                delta
+            }
+        };
+        if let Some(tokens) = used[1] {
+            self.cost.tokens = tokens;
+        }
+        if let Some(output_tokens) = used[2] {
+            self.cost.output_tokens = output_tokens;
         }
         let settled = Settled {
-            tokens: if limits.tokens().is_empty() {
-                0
-            } else {
-                delta(self.cost.tokens, usage.tokens)
-            },
-            output_tokens: if limits.output_tokens().is_empty() {
-                0
-            } else {
-                delta(self.cost.output_tokens, usage.output_tokens)
-            },
+            tokens: delta[1],
+            output_tokens: delta[2],
         };
-        if settled == Settled::default() {
-            return Ok(settled);
+        if settled != Settled::default() {
+            self.limiter.meters().settled(delta);
         }
-        self.limiter
-            .call_bounded(Op::Adjust {
-                requests: 0,
-                tokens: settled.tokens,
-                output_tokens: settled.output_tokens,
-            })
-            .await?;
-        self.limiter.meters().settlements.increment(1);
         if settled.tokens > 0 || settled.output_tokens > 0 {
             self.limiter.refunded();
         }
         Ok(settled)
     }
+}
+
+impl<S: Store> Drop for Permit<S> {
+    fn drop(&mut self) {
+        // A call in flight that never settled keeps its estimate, and is done.
+        if let Some(flight) = self.flight.take() {
+            self.limiter.landed();
+            self.limiter.settle_in_background(Op::Settle {
+                flight,
+                charged: self.cost,
+                used: [None; 3],
+                last: true,
+            });
+        }
+    }
+}
+
+fn clamp(amount: u128) -> i64 {
+    i64::try_from(amount).unwrap_or(i64::MAX)
 }

@@ -82,6 +82,15 @@ impl<S: Store> Drop for Delivery<S> {
                 tokens: clamp_refund(self.charged.tokens),
                 output_tokens: clamp_refund(self.charged.output_tokens),
             },
+            // A call that never went out used nothing: all of it back, and it is done.
+            (Op::Acquire { .. } | Op::Admit { .. }, Some(Ok(Outcome::Flying(flight)))) => {
+                Op::Settle {
+                    flight,
+                    charged: self.charged,
+                    used: [Some(0); 3],
+                    last: true,
+                }
+            }
             _ => return,
         };
         self.limiter.settle_in_background(undo);
@@ -264,7 +273,7 @@ impl<S: Store> Limiter<S> {
 
     /// Runs `op` without waiting for it: at once on a store that answers at once, else in a
     /// task of its own (when there is a runtime to run it).
-    fn settle_in_background(&self, op: Op) {
+    pub(crate) fn settle_in_background(&self, op: Op) {
         let inner = &self.inner;
         if inner.store.apply_now(&inner.bound, op).is_some() {
             return;
@@ -306,23 +315,50 @@ impl<S: Store> Limiter<S> {
         deadline.map(|d| d.saturating_duration_since(Instant::now()))
     }
 
-    /// Waits for a turn (see [`Limiter::acquire_until`]).
+    /// Whether a wait of `hint` passes the deadline for sure: it does not when calls in
+    /// flight will still settle, since their refunds may make the tokens exist sooner.
+    fn certainly_late(&self, hint: Duration, deadline: Option<Instant>) -> bool {
+        Self::remaining(deadline).is_some_and(|left| hint > left) && !self.refunds_may_come()
+    }
+
+    /// The permit for an admission (with its number among the calls in flight, if any).
+    fn passed(&self, outcome: &Outcome, cost: Cost, waited: Duration) -> Option<Permit<S>> {
+        match outcome {
+            Outcome::Admitted => Some(self.admitted(cost, waited, None)),
+            Outcome::Flying(flight) => Some(self.admitted(cost, waited, Some(*flight))),
+            _ => None,
+        }
+    }
+
+    /// Waits for a turn (see [`Limiter::acquire_until`]); with `fly`, the admitted call is
+    /// remembered as in flight.
     pub(super) async fn wait(
         &self,
         cost: Cost,
         start: Instant,
         deadline: Option<Instant>,
+        fly: bool,
     ) -> Result<Permit<S>, Error> {
         let full = self.waiters() >= self.inner.policy.max_waiters();
         let max_wait = if full {
             Some(Duration::ZERO)
+        } else if self.refunds_may_come() {
+            // The schedule assumes no refund; calls in flight may still give some back.
+            None
         } else {
             Self::remaining(deadline)
         };
-        let op = Op::Acquire { cost, max_wait };
-        let (ticket, due_in) = match self.answer(self.call(op, cost, deadline).await, start)? {
-            // Admitted at the first answer: it did not wait.
-            Outcome::Admitted => return Ok(self.admitted(cost, Duration::ZERO)),
+        let op = Op::Acquire {
+            cost,
+            max_wait,
+            fly,
+        };
+        let outcome = self.answer(self.call(op, cost, deadline).await, start)?;
+        // Admitted at the first answer: it did not wait.
+        if let Some(permit) = self.passed(&outcome, cost, Duration::ZERO) {
+            return Ok(permit);
+        }
+        let (ticket, due_in) = match outcome {
             Outcome::NotYet(_) if full => {
                 return Err(Error::QueueFull {
                     key: self.inner.key.clone(),
@@ -393,15 +429,16 @@ impl<S: Store> Limiter<S> {
             // Standing before asking: a call ahead that passes while the answer is on its way
             // leaves its nudge, and a waiter told it is behind acts on it at once.
             self.inner.line.stand(ticket.id(), &nudge);
-            let called = self.call(Op::Admit { ticket }, cost, deadline).await;
-            match self.answer(called, start)? {
-                Outcome::Admitted => {
-                    guard.ticket = None;
-                    self.inner.line.moved(ticket.id());
-                    return Ok(self.permit(cost, start));
-                }
+            let called = self.call(Op::Admit { ticket, fly }, cost, deadline).await;
+            let outcome = self.answer(called, start)?;
+            if let Some(permit) = self.passed(&outcome, cost, start.elapsed()) {
+                guard.ticket = None;
+                self.inner.line.moved(ticket.id());
+                return Ok(permit);
+            }
+            match outcome {
                 Outcome::Behind(hint) => {
-                    if Self::remaining(deadline).is_some_and(|left| hint > left) {
+                    if self.certainly_late(hint, deadline) {
                         return Err(self.timeout(start, Some(hint)));
                     }
                     // Not a failed attempt: the line is slower than its schedule. Ask again
@@ -417,9 +454,10 @@ impl<S: Store> Limiter<S> {
                     behind = true;
                 }
                 Outcome::NotYet(hint) if std::mem::take(&mut rung) => {
-                    // Rung by a refund that was not enough yet: not a failed attempt, and the
-                    // hint is exact.
-                    if Self::remaining(deadline).is_some_and(|left| hint > left) {
+                    // Rung because the windows changed (a refund, a lifted pause, the call
+                    // ahead passing while the line is planned again), and not enough yet: not
+                    // a failed attempt, and the hint is exact.
+                    if self.certainly_late(hint, deadline) {
                         return Err(self.timeout(start, Some(hint)));
                     }
                     self.inner.line.sit(ticket.id());
@@ -428,7 +466,7 @@ impl<S: Store> Limiter<S> {
                     behind = false;
                 }
                 Outcome::NotYet(hint) => {
-                    if Self::remaining(deadline).is_some_and(|left| hint > left) {
+                    if self.certainly_late(hint, deadline) {
                         return Err(self.timeout(start, Some(hint)));
                     }
                     self.inner.line.sit(ticket.id());
@@ -445,10 +483,18 @@ impl<S: Store> Limiter<S> {
                     behind = false;
                     let op = Op::Acquire {
                         cost,
-                        max_wait: Self::remaining(deadline),
+                        max_wait: if self.refunds_may_come() {
+                            None
+                        } else {
+                            Self::remaining(deadline)
+                        },
+                        fly,
                     };
-                    match self.answer(self.call(op, cost, deadline).await, start)? {
-                        Outcome::Admitted => return Ok(self.permit(cost, start)),
+                    let outcome = self.answer(self.call(op, cost, deadline).await, start)?;
+                    if let Some(permit) = self.passed(&outcome, cost, start.elapsed()) {
+                        return Ok(permit);
+                    }
+                    match outcome {
                         Outcome::Queued { ticket, due_in } => {
                             self.inner.line.join(ticket.id(), &nudge);
                             guard.ticket = Some(ticket);

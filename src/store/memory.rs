@@ -39,7 +39,7 @@ static NEXT_TICKET: AtomicU64 = AtomicU64::new(1);
 /// let clock = ManualClock::new();
 /// let store = MemoryStore::with_clock(clock.clone());
 /// let key = store.bind("k", &Limits::parse("2/s burst 3", "")?)?;
-/// let try_one = Op::Acquire { cost: Cost::call(0), max_wait: Some(Duration::ZERO) };
+/// let try_one = Op::Acquire { cost: Cost::call(0), max_wait: Some(Duration::ZERO), fly: false };
 /// for _ in 0..3 {
 ///     assert_eq!(store.apply_now(&key, try_one).unwrap()?, Outcome::Admitted);
 /// }
@@ -151,13 +151,17 @@ impl MemoryStore {
         let limits = &entry.limits;
         let mut state = lock(&entry.state);
         let step = match op {
-            Op::Acquire { cost, max_wait } => state
-                .acquire(limits, now, cost, max_wait, LEASE, || {
+            Op::Acquire {
+                cost,
+                max_wait,
+                fly,
+            } => state
+                .acquire(limits, now, cost, max_wait, fly, LEASE, || {
                     NEXT_TICKET.fetch_add(1, Ordering::Relaxed)
                 })
                 .map_err(|e| Error::from_bucket(&entry.key, cost, e))?,
-            Op::Admit { ticket } => state
-                .admit(limits, now, ticket.id(), LEASE)
+            Op::Admit { ticket, fly } => state
+                .admit(limits, now, ticket.id(), fly, LEASE)
                 .map_err(|e| Error::from_bucket(&entry.key, Default::default(), e))?,
             Op::Cancel { ticket } => state.cancel(now, ticket.id()),
             Op::Adjust {
@@ -173,26 +177,22 @@ impl MemoryStore {
                     output_tokens,
                 },
             ),
-            Op::Penalize { pause } => state.penalize(limits, now, now.plus(pause)),
+            Op::Penalize { pause, spent } => state.penalize(limits, now, now.plus(pause), spent),
             Op::Lower {
                 currency,
                 remaining,
             } => state.lower(limits, now, currency, remaining),
+            Op::Sync(args) => state.sync(limits, now, &args),
+            Op::Settle {
+                flight,
+                charged,
+                used,
+                last,
+            } => state.settle(limits, now, flight, charged, used, last),
             Op::Snapshot => return Ok(Outcome::Snapshot(state.snapshot(limits, now))),
             Op::Ping => Step::Done,
         };
-        Ok(match step {
-            Step::Admitted => Outcome::Admitted,
-            Step::Queued { id, due } => Outcome::Queued {
-                ticket: Ticket::new(id),
-                due_in: due.since(now),
-            },
-            Step::NotYet { ready } => Outcome::NotYet(ready.since(now)),
-            Step::Behind { ready } => Outcome::Behind(ready.since(now)),
-            Step::Lost => Outcome::Lost,
-            Step::Done => Outcome::Done,
-            Step::Lowered(tokens) => Outcome::Lowered(tokens),
-        })
+        Ok(outcome(step))
     }
 
     /// How many keys hold state worth keeping: bound by a limiter, in debt or below capacity,
@@ -226,6 +226,27 @@ impl MemoryStore {
             shard.sweep_at = 0;
             shard.sweep(now);
         }
+    }
+}
+
+/// A step of the rule book as a store's answer.
+pub(crate) fn outcome(step: Step) -> Outcome {
+    let nanos = Duration::from_nanos;
+    match step {
+        Step::Admitted => Outcome::Admitted,
+        Step::Flying { flight } => Outcome::Flying(flight),
+        Step::Queued { id, due_in } => Outcome::Queued {
+            ticket: Ticket::new(id),
+            due_in: nanos(due_in),
+        },
+        Step::NotYet { wait } => Outcome::NotYet(nanos(wait)),
+        Step::Behind { wait } => Outcome::Behind(nanos(wait)),
+        Step::Lost => Outcome::Lost,
+        Step::Done => Outcome::Done,
+        Step::Lowered(tokens) => Outcome::Lowered(tokens),
+        Step::Emptied(tokens) => Outcome::Emptied(tokens),
+        Step::Synced { above, ambiguous } => Outcome::Synced { above, ambiguous },
+        Step::Settled(delta) => Outcome::Settled(delta),
     }
 }
 

@@ -13,9 +13,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::bucket::Available;
+pub use crate::bucket::SyncArgs;
 use crate::cost::Cost;
 use crate::error::Error;
-use crate::rate::{Currency, Limits};
+use crate::rate::{Currencies, Currency, Limits};
 
 mod memory;
 #[cfg(feature = "redis")]
@@ -47,12 +48,16 @@ pub enum Op {
     /// A call arrives. It is [`Outcome::Admitted`] at once if every window can pay for it on
     /// top of every call already waiting; otherwise it is [`Outcome::Queued`] behind them,
     /// unless it would be due more than `max_wait` from now (then [`Outcome::NotYet`], and
-    /// nothing changes). `max_wait` of zero never queues; `None` has no limit.
+    /// nothing changes). `max_wait` of zero never queues; `None` has no limit. With `fly`, an
+    /// admitted call is remembered as in flight ([`Outcome::Flying`]) until [`Op::Settle`]
+    /// says it is done: what a header sync ([`Op::Sync`]) needs.
     Acquire {
         /// What the call pays.
         cost: Cost,
         /// The longest the call may wait for its turn.
         max_wait: Option<Duration>,
+        /// Remember the call as in flight once admitted.
+        fly: bool,
     },
     /// The holder of a ticket asks to pass: [`Outcome::Admitted`] (charged),
     /// [`Outcome::Behind`] while calls ahead of it have yet to pass, [`Outcome::NotYet`] when
@@ -61,6 +66,8 @@ pub enum Op {
     Admit {
         /// The ticket.
         ticket: Ticket,
+        /// Remember the call as in flight once admitted (as for [`Op::Acquire`]).
+        fly: bool,
     },
     /// Gives a ticket up: it was never charged, so nothing is given back.
     Cancel {
@@ -77,11 +84,13 @@ pub enum Op {
         /// Added to every output-token window.
         output_tokens: i64,
     },
-    /// A provider's 429: empties every window, and admits nothing for `pause` (a longer pause
-    /// already in force wins).
+    /// A provider's 429: empties the windows of the `spent` currencies, and admits nothing for
+    /// `pause` (a longer pause already in force wins). Answers [`Outcome::Emptied`].
     Penalize {
         /// How long nothing passes.
         pause: Duration,
+        /// The currencies the 429 says are used up.
+        spent: Currencies,
     },
     /// A provider's `remaining` count: lowers every window of `currency` to at most
     /// `remaining`; never raises one. Answers [`Outcome::Lowered`].
@@ -90,6 +99,23 @@ pub enum Op {
         currency: Currency,
         /// What the provider says is left.
         remaining: u64,
+    },
+    /// A header sync: brings the windows in line with a provider's counts read from the
+    /// answer to a call in flight (see [`SyncArgs`]). Answers [`Outcome::Synced`].
+    Sync(SyncArgs),
+    /// Settles a call in flight with what it used, per currency in the order of
+    /// [`Currency::ALL`] (`None`: as charged). A shortfall is charged less what a sync that
+    /// counted the call took off already. With `last`, the call is done. Answers
+    /// [`Outcome::Settled`].
+    Settle {
+        /// The call's number ([`Outcome::Flying`]).
+        flight: u64,
+        /// What it was charged, in case the key no longer remembers it.
+        charged: Cost,
+        /// What it used.
+        used: [Option<u64>; 3],
+        /// Whether this is the call's last settlement.
+        last: bool,
     },
     /// What every window holds now: [`Outcome::Snapshot`].
     Snapshot,
@@ -103,6 +129,8 @@ pub enum Op {
 pub enum Outcome {
     /// Every window paid: the call may go.
     Admitted,
+    /// Every window paid, and the call is remembered as in flight with this number.
+    Flying(u64),
     /// The call has its place: it is due after `due_in`, when it should [`Op::Admit`].
     Queued {
         /// Its place.
@@ -125,6 +153,22 @@ pub enum Outcome {
     /// to `remaining` held above it (what was taken off), or, negative, below it (nothing was
     /// taken, and this much more was left than the provider said).
     Lowered(i64),
+    /// What an [`Op::Penalize`] emptied: per currency (in the order of [`Currency::ALL`]),
+    /// the whole tokens the closest window held above zero.
+    Emptied([u64; 3]),
+    /// What an [`Op::Sync`] found: per currency it read, how many whole tokens the closest
+    /// window held above the provider's count (what was taken off, less any margin), or,
+    /// negative, below it; and whether the count was ambiguous (another call went out within
+    /// a few milliseconds of the answered one, or the key no longer remembers it).
+    Synced {
+        /// Per currency, in the order of [`Currency::ALL`].
+        above: [Option<i64>; 3],
+        /// Whether the count says little of spending elsewhere.
+        ambiguous: bool,
+    },
+    /// What an [`Op::Settle`] added to the windows, per currency (positive: a refund;
+    /// negative: a charge).
+    Settled([i64; 3]),
     /// What every window holds, in the order of [`Limits::windows`].
     Snapshot(Vec<Available>),
 }

@@ -25,6 +25,7 @@ pub const fn try_op(cost: Cost) -> Op {
     Op::Acquire {
         cost,
         max_wait: Some(Duration::ZERO),
+        fly: false,
     }
 }
 
@@ -84,5 +85,14 @@ pub fn penalize_now(
     limits: &Limits,
     pause: Duration,
 ) -> Result<(), Error> {
-    now(store, key, limits, Op::Penalize { pause }).map(|_| ())
+    now(
+        store,
+        key,
+        limits,
+        Op::Penalize {
+            pause,
+            spent: tollgate::Currencies::ALL,
+        },
+    )
+    .map(|_| ())
 }

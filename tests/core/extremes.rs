@@ -73,9 +73,13 @@ proptest! {
                 Step::Take(a, b) => Op::Acquire {
                     cost: Cost::new(1 + a % requests.burst(), b % tokens.burst().saturating_add(1)),
                     max_wait: None,
+                    fly: false,
                 },
                 Step::Settle(delta) => Op::Adjust { requests: delta, tokens: delta, output_tokens: 0 },
-                Step::Penalize(pause) => Op::Penalize { pause },
+                Step::Penalize(pause) => Op::Penalize {
+        pause,
+        spent: tollgate::Currencies::ALL,
+    },
                 Step::Lower(remaining) => Op::Lower { currency: Currency::Tokens, remaining },
             };
             let outcome = store.apply_now(&key, op).unwrap();

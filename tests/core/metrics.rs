@@ -48,10 +48,14 @@ fn check(snapshotter: &metrics_util::debugging::Snapshotter) {
             .labels()
             .map(|l| (l.key().to_owned(), l.value().to_owned()))
             .collect();
-        assert_eq!(labels, vec![("key".to_owned(), "metered".to_owned())]);
+        assert_eq!(labels[0], ("key".to_owned(), "metered".to_owned()));
+        let name = match labels.get(1) {
+            Some((label, kind)) => format!("{}{{{label}={kind}}}", key.key().name()),
+            None => key.key().name().to_owned(),
+        };
         match value {
             DebugValue::Counter(n) => {
-                counters.insert(key.key().name().to_owned(), n);
+                counters.insert(name, n);
             }
             DebugValue::Histogram(values) => {
                 waits = values.into_iter().map(|v| v.into_inner()).collect()
@@ -65,6 +69,12 @@ fn check(snapshotter: &metrics_util::debugging::Snapshotter) {
     assert_eq!(count("tollgate_timeouts_total"), 1);
     assert_eq!(count("tollgate_penalties_total"), 1);
     assert_eq!(count("tollgate_settlements_total"), 1);
+    // The settlement gave back 50 of the 200 tokens charged.
+    assert_eq!(count("tollgate_tokens_refunded_total"), 50);
+    assert_eq!(count("tollgate_tokens_settled_total"), 0);
+    // No provider here: no sync, no 429 counted (a penalty by hand is not one).
+    assert_eq!(count("tollgate_tokens_lowered_total"), 0);
+    assert_eq!(count("tollgate_provider_429s_total{kind=transient}"), 0);
     assert_eq!(waits.len(), 3);
     assert_eq!(waits.iter().filter(|w| **w > 0.0).count(), 1);
     assert!(

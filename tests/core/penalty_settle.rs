@@ -46,7 +46,11 @@ async fn a_penalty_drains_the_key_and_pauses_every_waiter() {
         Duration::from_secs(3)
     );
     let snapshot = limiter.snapshot().await.unwrap();
-    assert!(snapshot[0].tokens.is(0, 1), "{:?}", snapshot[0].tokens);
+    assert!(
+        snapshot.windows()[0].tokens.is(0, 1),
+        "{:?}",
+        snapshot.windows()[0].tokens
+    );
     for waiter in waiters {
         let waited = waiter.await.unwrap();
         assert!(
@@ -114,7 +118,7 @@ async fn settling_charges_an_underestimate_and_refunds_an_overestimate() {
     // Used more than estimated: the difference is charged, into debt if need be.
     let permit = limiter.acquire(Cost::call(900)).await.unwrap();
     assert_eq!(permit.settle(1_300).await.unwrap(), -400);
-    let left = limiter.snapshot().await.unwrap()[0].tokens;
+    let left = limiter.snapshot().await.unwrap().windows()[0].tokens;
     assert!(left.is(-300, 1), "{left:?}");
     // Later calls pay for it: 100 tokens need the debt repaid first, 400 tokens at 1000/m.
     assert_eq!(
@@ -128,12 +132,20 @@ async fn settling_charges_an_underestimate_and_refunds_an_overestimate() {
     // Used less: refunded.
     let permit = limiter.acquire(Cost::call(500)).await.unwrap();
     assert_eq!(permit.settle(100).await.unwrap(), 400);
-    assert!(limiter.snapshot().await.unwrap()[0].tokens.is(900, 1));
+    assert!(
+        limiter.snapshot().await.unwrap().windows()[0]
+            .tokens
+            .is(900, 1)
+    );
     // But never above capacity: refilled to 1000 meanwhile, a refund of 50 stays at 1000.
     let permit = limiter.acquire(Cost::call(50)).await.unwrap();
     tokio::time::advance(Duration::from_secs(60)).await;
     assert_eq!(permit.settle(0).await.unwrap(), 50);
-    assert!(limiter.snapshot().await.unwrap()[0].tokens.is(1000, 1));
+    assert!(
+        limiter.snapshot().await.unwrap().windows()[0]
+            .tokens
+            .is(1000, 1)
+    );
     // An exact estimate changes nothing.
     let permit = limiter.acquire(Cost::call(10)).await.unwrap();
     assert_eq!(permit.settle(10).await.unwrap(), 0);
@@ -148,16 +160,27 @@ async fn a_shortfall_a_429_already_counted_is_not_charged_again() {
     limiter.penalize(Duration::from_secs(1)).await.unwrap();
     // The first used 500: its shortfall of 200 is in the provider's count already.
     assert_eq!(early.settle(500).await.unwrap(), 0);
-    assert!(limiter.snapshot().await.unwrap()[0].tokens.is(0, 1));
+    assert!(
+        limiter.snapshot().await.unwrap().windows()[0]
+            .tokens
+            .is(0, 1)
+    );
     // The second used 100: its overestimate of 200 comes back.
     assert_eq!(refunded.settle(100).await.unwrap(), 200);
-    assert_eq!(limiter.snapshot().await.unwrap()[0].tokens.whole(), 200);
+    assert_eq!(
+        limiter.snapshot().await.unwrap().windows()[0]
+            .tokens
+            .whole(),
+        200
+    );
     // A call admitted after the penalty settles in full, shortfall included.
     tokio::time::advance(Duration::from_secs(1)).await;
     let later = limiter.acquire(Cost::call(100)).await.unwrap();
     assert_eq!(later.settle(250).await.unwrap(), -150);
     assert_eq!(
-        limiter.snapshot().await.unwrap()[0].tokens.whole(),
+        limiter.snapshot().await.unwrap().windows()[0]
+            .tokens
+            .whole(),
         200 - 100 - 150
     );
 }

@@ -22,10 +22,18 @@ async fn tasks_sharing_a_key_share_the_buckets() {
         task.await.unwrap();
     }
     let limiter = registry.limiter("shared", &limits).unwrap();
-    assert_eq!(limiter.snapshot().await.unwrap()[0].tokens.whole(), 2);
+    assert_eq!(
+        limiter.snapshot().await.unwrap().windows()[0]
+            .tokens
+            .whole(),
+        2
+    );
     // Another key is untouched.
     let other = registry.limiter("other", &limits).unwrap();
-    assert_eq!(other.snapshot().await.unwrap()[0].tokens.whole(), 10);
+    assert_eq!(
+        other.snapshot().await.unwrap().windows()[0].tokens.whole(),
+        10
+    );
 }
 
 #[test]
@@ -87,5 +95,8 @@ async fn a_million_distinct_keys_stay_bounded_in_memory() {
     );
     // A key that was dropped comes back fresh: full.
     let again = registry.limiter("tenant-0", &limits).unwrap();
-    assert_eq!(again.snapshot().await.unwrap()[0].tokens.whole(), 1);
+    assert_eq!(
+        again.snapshot().await.unwrap().windows()[0].tokens.whole(),
+        1
+    );
 }

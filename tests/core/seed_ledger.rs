@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use tollgate::{Cost, Error, Limits, ManualClock, MemoryStore, Rate, Tokens};
+use tollgate::{Amount, Cost, Error, Limits, ManualClock, MemoryStore, Rate};
 use tollgate_testkit::stores::{Decision, snapshot_now, try_now};
 
 const MS: u64 = 1_000_000;
@@ -33,7 +33,7 @@ impl Bucket {
         try_now(&self.store, "k", &self.limits, Cost::new(0, cost))
     }
 
-    fn tokens_at(&self, nanos: u64) -> Tokens {
+    fn tokens_at(&self, nanos: u64) -> Amount {
         self.at(nanos);
         snapshot_now(&self.store, "k", &self.limits).unwrap()[0].tokens
     }

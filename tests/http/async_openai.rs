@@ -87,6 +87,7 @@ impl Setup {
         let limiter = self.registry.limiter("openai", &self.limits).unwrap();
         let snapshot = limiter.snapshot().await.unwrap();
         snapshot
+            .windows()
             .iter()
             .find(|a| a.currency == Currency::Tokens)
             .unwrap()

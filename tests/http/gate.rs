@@ -63,6 +63,7 @@ async fn tokens_left(registry: &Registry) -> i128 {
         .unwrap();
     let snapshot = limiter.snapshot().await.unwrap();
     snapshot
+        .windows()
         .iter()
         .find(|a| a.currency == Currency::Tokens)
         .unwrap()
@@ -292,8 +293,11 @@ async fn a_key_without_limits_takes_them_from_its_first_response_one_call_at_a_t
         .limiter("openai:gpt-4o", &Limits::parse("500/m", "30000/m").unwrap())
         .unwrap();
     let snapshot = limiter.snapshot().await.unwrap();
-    assert_eq!(snapshot[0].tokens.whole(), 499 - 1);
-    assert_eq!(snapshot[1].tokens.whole(), 29_000 - i128::from(cost.tokens));
+    assert_eq!(snapshot.windows()[0].tokens.whole(), 499 - 1);
+    assert_eq!(
+        snapshot.windows()[1].tokens.whole(),
+        29_000 - i128::from(cost.tokens)
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -89,6 +89,7 @@ impl Setup {
         let limiter = self.registry.limiter("anthropic", &self.limits).unwrap();
         let snapshot = limiter.snapshot().await.unwrap();
         snapshot
+            .windows()
             .iter()
             .find(|a| a.currency == currency)
             .unwrap()

@@ -91,6 +91,7 @@ impl Setup {
         let limiter = self.registry.limiter(key, limits).unwrap();
         let snapshot = limiter.snapshot().await.unwrap();
         snapshot
+            .windows()
             .iter()
             .find(|a| a.currency == currency)
             .unwrap()

@@ -30,6 +30,7 @@ async fn tokens_left(key: &str, requests: &str, tokens: &str) -> i128 {
     let limiter = Registry::global().limiter(key, &limits).unwrap();
     let snapshot = limiter.snapshot().await.unwrap();
     snapshot
+        .windows()
         .iter()
         .find(|a| a.currency == tollgate::Currency::Tokens)
         .map(|a| a.tokens.whole())
@@ -302,6 +303,7 @@ async fn with_output_windows_the_reservation_goes_to_them() {
         .snapshot()
         .await
         .unwrap()
+        .windows()
         .iter()
         .map(|a| a.tokens.whole())
         .collect();

@@ -75,6 +75,7 @@ async fn limits_estimator_and_timeout_come_from_the_configuration() {
         .snapshot()
         .await
         .unwrap()
+        .windows()
         .iter()
         .map(|a| a.tokens.whole())
         .collect();
@@ -86,7 +87,12 @@ async fn limits_estimator_and_timeout_come_from_the_configuration() {
     let default = Limits::parse("100/m", "").unwrap();
     for tenant in ["tenant-1", "tenant-2"] {
         let limiter = Registry::global().limiter(tenant, &default).unwrap();
-        assert_eq!(limiter.snapshot().await.unwrap()[0].tokens.whole(), 99);
+        assert_eq!(
+            limiter.snapshot().await.unwrap().windows()[0]
+                .tokens
+                .whole(),
+            99
+        );
     }
 }
 

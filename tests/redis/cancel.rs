@@ -87,6 +87,7 @@ fn thousands_of_cut_acquires_consume_only_what_their_permits_were_granted() {
         let consumed = || async {
             let snapshot = limiter.snapshot().await.unwrap();
             let ledger = snapshot
+                .windows()
                 .iter()
                 .find(|a| a.currency == tollgate::Currency::Tokens)
                 .unwrap();

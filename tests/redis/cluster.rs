@@ -127,6 +127,7 @@ fn a_failover_fails_waiting_calls_closed_then_serves_again() {
         let promoted = Instant::now();
         let answer = crate::failover::answered_again(&limiter, Duration::from_secs(10)).await;
         let level = answer
+            .windows()
             .iter()
             .find(|a| a.currency == Currency::Requests)
             .unwrap()

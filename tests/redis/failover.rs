@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use tokio::task::JoinHandle;
 use tollgate::store::redis::RedisStore;
-use tollgate::{Available, Cost, Error, Limiter, Permit};
+use tollgate::{Cost, Error, Limiter, Permit, Snapshot};
 
 type Waiter = JoinHandle<Result<Permit<RedisStore>, Error>>;
 
@@ -44,7 +44,7 @@ pub async fn all_fail_closed(waiters: Vec<Waiter>, killed: Instant, timeout: Dur
 
 /// The key's levels once it answers again, asking every 20 ms while the store is unavailable,
 /// for up to `within`.
-pub async fn answered_again(limiter: &Limiter<RedisStore>, within: Duration) -> Vec<Available> {
+pub async fn answered_again(limiter: &Limiter<RedisStore>, within: Duration) -> Snapshot {
     let start = Instant::now();
     loop {
         match limiter.snapshot().await {

@@ -95,12 +95,14 @@ fn random_and_extreme_operations_always_answer_quickly() {
                     output_tokens: pick(&mut rng),
                 },
                 1 => Op::Penalize {
+                    spent: tollgate::Currencies::ALL,
                     pause: Duration::from_millis(rng.next_u64() % 5_000),
                 },
                 2 => Op::Acquire {
                     cost: Cost::call(rng.next_u64() % 30),
                     max_wait: [None, Some(Duration::ZERO), Some(Duration::MAX)]
                         [(rng.next_u64() % 3) as usize],
+                    fly: false,
                 },
                 3 => Op::Lower {
                     currency: tollgate::Currency::Tokens,
@@ -108,6 +110,7 @@ fn random_and_extreme_operations_always_answer_quickly() {
                 },
                 4 => Op::Admit {
                     ticket: tollgate::store::Ticket::new(rng.next_u64()),
+                    fly: false,
                 },
                 _ => Op::Cancel {
                     ticket: tollgate::store::Ticket::new(rng.next_u64()),
@@ -137,7 +140,7 @@ fn the_script_refuses_arguments_out_of_range() {
     let Some(server) = strict_server() else {
         return;
     };
-    let script = redis::Script::new(include_str!("../../src/store/redis/script.lua"));
+    let script = redis::Script::new(tollgate::testing::redis_script());
     runtime().block_on(async {
         let client = redis::Client::open(server.url()).unwrap();
         let mut connection = client.get_multiplexed_async_connection().await.unwrap();

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use tollgate::store::redis::{RedisConfig, RedisStore};
-use tollgate::{Attempt, Cost, Currency, Error, Limiter, Limits};
+use tollgate::{Attempt, Cost, Error, Limiter, Limits};
 use tollgate_testkit::redis::{MASTER, Watched, resp, wait_for};
 use tollgate_testkit::runtime;
 
@@ -30,13 +30,8 @@ async fn call(limiter: &Limiter<RedisStore>) -> Result<Attempt<RedisStore>, Erro
     limiter.try_acquire(Cost::call(0)).await
 }
 
-fn requests_left(snapshot: &[tollgate::Available]) -> i128 {
-    snapshot
-        .iter()
-        .find(|a| a.currency == Currency::Requests)
-        .unwrap()
-        .tokens
-        .whole()
+fn requests_left(snapshot: &tollgate::Snapshot) -> i128 {
+    snapshot.requests().unwrap().whole()
 }
 
 #[test]

@@ -673,7 +673,7 @@ async fn lowering_answers_what_it_took<S: tollgate::Store>(limiter: Limiter<S>) 
         limiter.lower(tollgate::Currency::Tokens, 0).await.unwrap(),
         600
     );
-    let left = limiter.snapshot().await.unwrap();
+    let left = limiter.snapshot().await.unwrap().windows().to_vec();
     assert_eq!(left[1].tokens.whole(), 0);
     assert_eq!(left[2].tokens.whole(), 0);
     assert_eq!(left[0].tokens.whole(), 999);

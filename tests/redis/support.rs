@@ -67,7 +67,16 @@ pub async fn penalize_at(
     pause: Duration,
     now_ms: Option<u64>,
 ) -> Result<(), Error> {
-    at(store, key, limits, Op::Penalize { pause }, now_ms)
-        .await
-        .map(|_| ())
+    at(
+        store,
+        key,
+        limits,
+        Op::Penalize {
+            pause,
+            spent: tollgate::Currencies::ALL,
+        },
+        now_ms,
+    )
+    .await
+    .map(|_| ())
 }

@@ -364,7 +364,7 @@ impl RedisStore {
         let store = RedisStore {
             inner: Arc::new(Inner {
                 connection: Connection::Cluster(connection),
-                script: Script::new(script::LUA),
+                script: Script::new(&script::LUA),
                 config,
                 shown,
             }),
@@ -439,7 +439,7 @@ impl RedisStore {
             return Ok(RedisStore {
                 inner: Arc::new(Inner {
                     connection: Connection::Sentinel(Arc::new(link)),
-                    script: Script::new(script::LUA),
+                    script: Script::new(&script::LUA),
                     config,
                     shown,
                 }),
@@ -461,7 +461,7 @@ impl RedisStore {
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 connection: Connection::Single(connection),
-                script: Script::new(script::LUA),
+                script: Script::new(&script::LUA),
                 config,
                 shown,
             }),
@@ -535,7 +535,7 @@ impl RedisStore {
                 match by_hash.query_async::<Value>(&mut connection).await {
                     Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                         let mut by_text = redis::cmd("EVAL");
-                        by_text.arg(script::LUA);
+                        by_text.arg(script::LUA.as_str());
                         command(&mut by_text);
                         break by_text.query_async::<Value>(&mut connection).await;
                     }
@@ -593,6 +593,25 @@ impl RedisStore {
                     .ok_or_else(|| self.odd_reply("a snapshot of the wrong length"))?,
             ),
             (Op::Acquire { .. } | Op::Admit { .. }, Reply::Ok { .. }) => Outcome::Admitted,
+            (
+                Op::Acquire { fly: true, .. } | Op::Admit { fly: true, .. },
+                Reply::Flying { id, .. },
+            ) => Outcome::Flying(id),
+            (Op::Acquire { cost, .. }, Reply::Full { .. }) => {
+                return Err(Error::from_bucket(
+                    &key.name,
+                    cost,
+                    crate::bucket::BucketError::QueueFull,
+                ));
+            }
+            (Op::Penalize { .. }, Reply::Emptied { emptied, .. }) => Outcome::Emptied(emptied),
+            (
+                Op::Sync(_),
+                Reply::Synced {
+                    above, ambiguous, ..
+                },
+            ) => Outcome::Synced { above, ambiguous },
+            (Op::Settle { .. }, Reply::Settled { delta, .. }) => Outcome::Settled(delta),
             (Op::Acquire { .. }, Reply::Queued { id, due_in_ms, .. }) => Outcome::Queued {
                 ticket: Ticket::new(id),
                 due_in: ms(due_in_ms),
@@ -770,6 +789,12 @@ impl Store for RedisStore {
         // three quarters of a timeout plus the timeout of that question.
         (!self.inner.config.fail_open).then(|| self.inner.config.timeout / 4)
     }
+}
+
+/// The script as the server runs it.
+#[cfg(feature = "testing")]
+pub(crate) fn script_text() -> &'static str {
+    script::LUA.as_str()
 }
 
 impl From<RedisStore> for crate::store::AnyStore {

@@ -1,8 +1,15 @@
--- tollgate: one key's windows and queue, checked and changed all or nothing, in one round trip.
+-- tollgate: one key's windows, queue and calls in flight, checked and changed all or nothing,
+-- in one round trip. A port of the rule book in src/bucket/ (state.rs, queue.rs, flights.rs),
+-- function for function; tests/redis/differential.rs runs both on the same random sequences
+-- and compares every answer. Where the two must differ it says so here, and why.
 --
--- KEYS[1]  the key's hash: levels, times, the shadow schedule, the tickets' data
+-- The constants in double braces are filled in from the Rust constants when the script is
+-- loaded (src/store/redis/script.rs), never copied by hand.
+--
+-- KEYS[1]  the key's hash: levels, times, the shadow schedule, the tickets' and flights' data
 -- KEYS[2]  the key's queue: a sorted set of ticket ids (score = id), in arrival order
--- ARGV[1]  operation: acquire, admit, cancel, adjust, penalize, lower, snapshot or ping
+-- ARGV[1]  operation: acquire, admit, cancel, adjust, penalize, lower, sync, settle,
+--          snapshot or ping
 -- ARGV[2]  the limits' canonical text: a key holding other limits is refused
 -- ARGV[3]  the time in milliseconds, or "" for the server's TIME (tests pass explicit times)
 -- ARGV[4]  the number of windows k (1 to 32)
@@ -11,38 +18,52 @@
 -- then for each window, four integers: its currency (1 requests, 2 tokens, 3 output tokens),
 --          scale S (units per token), refill n (units per millisecond), capacity C = burst * S
 -- then the operation's own arguments:
---   acquire   requests, tokens, output tokens, max wait in ms (-1: none)
---   admit     ticket id
+--   acquire   requests, tokens, output tokens, max wait in ms (-1: none), fly (0 or 1)
+--   admit     ticket id, fly (0 or 1)
 --   cancel    ticket id
 --   adjust    requests, tokens, output tokens to add (negative: to take)
---   penalize  the pause in milliseconds
---   lower     currency, remaining tokens (reply: lowered, how far above remaining the closest window was)
+--   penalize  the pause in milliseconds, the spent currencies (a mask: 1, 2, 4)
+--   lower     currency, remaining tokens
+--   sync      flight, charged (3), remaining (3, -1: not said), foreign (3), margin (3),
+--             margin only where above (0 or 1), refused (0 or 1)
+--   settle    flight, charged (3), used (3, -1: as charged), last (0 or 1)
+--
+-- Time: the rule book counts nanoseconds, the script milliseconds (the server's TIME,
+-- truncated); on whole milliseconds the two agree exactly, and a hint rounded up to the
+-- millisecond is the rule book's rounded up. Ticket ids: the rule book's come from its
+-- store; here they are the time in ms times 1000 plus a counter, unique across restarts.
 --
 -- Every quantity is an integer below 2^53, where Lua's doubles are exact: the client refuses
 -- limits whose capacity passes 2^46, and this script checks every argument again, answering an
--- error rather than computing with a value out of range. Levels stay between -64 C and C. The
--- one loop whose length depends on the data walks the key's own queue, which holds only live
--- calls; no correction loop depends on a value.
+-- error rather than computing with a value out of range. Levels stay between -DEBT C and C.
+-- Loops whose length depends on the data walk the key's own queue and calls in flight, both
+-- bounded (MAX_QUEUE, MAX_FLIGHTS); no correction loop depends on a value.
 --
 -- Hash fields: sig (the limits), t (time of the real levels), p (end of a pause), l1..lk (real
 -- levels in units), n (the next ticket id), pq1..pq3 (what the tickets will pay, per currency),
 -- st and s1..sk (the shadow: the levels once every ticket has paid, as of the last one's due
 -- time; absent when it must be rebuilt), ql (the latest lease of any ticket), and for each
--- ticket q<id> = "due lease requests tokens output_tokens".
+-- ticket q<id> = "due lease requests tokens output_tokens". Calls in flight: fn (the next
+-- flight's number), ff (the first one remembered), fa (when the last one went out),
+-- f<id> = "at requests tokens output_tokens done", c1..c3 (the cover) and cv (the last call
+-- it covers).
 --
--- Replies: {"ok", now} | {"queued", id, due_in, now} | {"wait", ms, now} |
---          {"behind", ms, now} | {"lost", now} | {"done", now} | {"levels", now, l1, ..} |
---          {"conflict", sig}
+-- Replies: {"ok", now} | {"flying", id, now} | {"queued", id, due_in, now} |
+--          {"wait", ms, now} | {"behind", ms, now} | {"lost", now} | {"done", now} |
+--          {"full", now} | {"lowered", above, now} | {"emptied", e1, e2, e3, now} |
+--          {"synced", a1, a2, a3 ("" when not read), ambiguous, now} |
+--          {"settled", d1, d2, d3, now} | {"levels", now, l1, ..} | {"conflict", sig}
 
 local hash = KEYS[1]
 local queue = KEYS[2]
 local MAX = 9007199254740991 -- 2^53 - 1
-local MAX_CAP = 70368744177664 -- 2^46
-local DEBT = 64
--- The longest queue a key may have: rebuilding the shadow replays all of it.
-local MAX_QUEUE = 100000
--- How many of the tickets ahead of it an asking ticket looks at (as in the memory store).
-local SCAN_AHEAD = 32
+local MAX_CAP = {{MAX_CAPACITY}}
+local DEBT = {{DEBT_BURSTS}}
+local MAX_QUEUE = {{MAX_QUEUE}}
+local SCAN_AHEAD = {{SCAN_AHEAD}}
+local MAX_FLIGHTS = {{MAX_FLIGHTS}}
+local FLIGHT_LEASE = {{FLIGHT_LEASE_MS}}
+local SKEW = {{SEND_SKEW_MS}}
 
 local function fail(what)
   return redis.error_reply('ERR tollgate: ' .. what)
@@ -57,6 +78,10 @@ local function int(text, lo, hi)
   return v
 end
 
+local function fmt(v)
+  return string.format('%.0f', v)
+end
+
 local op = ARGV[1]
 local sig = ARGV[2]
 local k = int(ARGV[4], 1, 32)
@@ -66,6 +91,7 @@ if k == nil or lease == nil then
 end
 
 local w = {}
+local has = {false, false, false}
 for i = 1, k do
   local b = 5 + (i - 1) * 4
   local cur = int(ARGV[b + 1], 1, 3)
@@ -76,11 +102,12 @@ for i = 1, k do
     return fail('bad parameters for window ' .. i)
   end
   w[i] = {cur = cur, scale = scale, rate = rate, cap = cap, burst = cap / scale}
+  has[cur] = true
 end
 local args = 5 + k * 4
 
 -- The key's fields, read in one call.
-local names = {'sig', 't', 'p', 'pq1', 'pq2', 'pq3'}
+local names = {'sig', 't', 'p', 'pq1', 'pq2', 'pq3', 'fn', 'ff', 'c1', 'c2', 'c3', 'cv'}
 for i = 1, k do names[#names + 1] = 'l' .. i end
 local read = redis.call('HMGET', hash, unpack(names))
 local fields = {}
@@ -130,8 +157,16 @@ for i = 1, k do
   levels[i] = field('l' .. i, -DEBT * w[i].cap, w[i].cap, w[i].cap)
 end
 local pq = {field('pq1', 0, MAX, 0), field('pq2', 0, MAX, 0), field('pq3', 0, MAX, 0)}
+-- Calls in flight: the numbers ff .. fn - 1 are remembered (none when ff = fn).
+local fnext = field('fn', 1, MAX, 1)
+local ffirst = field('ff', 1, MAX, fnext)
+local cover = {field('c1', 0, MAX, 0), field('c2', 0, MAX, 0), field('c3', 0, MAX, 0)}
+local covers = field('cv', 0, MAX, 0)
 if bad_field then
   return fail('the stored field ' .. bad_field .. ' is out of range')
+end
+if ffirst > fnext then
+  return fail('the stored calls in flight are out of order')
 end
 
 -- ceil(a / b) for integers 0 <= a < 2^52 and 0 < b < 2^47: the quotient of the doubles is
@@ -149,6 +184,12 @@ local function floor_div(a, b)
   if q * b > a then q = q - 1 end
   if (q + 1) * b <= a then q = q + 1 end
   return q
+end
+
+-- Whole tokens in `units` of window i, rounded down (negative too).
+local function whole(i, units)
+  if units >= 0 then return floor_div(units, w[i].scale) end
+  return -ceil_div(-units, w[i].scale)
 end
 
 -- The level `elapsed` ms after `level`, refilled and saturated.
@@ -203,6 +244,18 @@ local function charge(lv, cost)
   end
 end
 
+-- Adds `delta` tokens per currency to the levels `lv` (a refund never above capacity, a charge
+-- never below the floor).
+local function add_to(lv, delta)
+  for i = 1, k do
+    local d = delta[w[i].cur]
+    local limit = (DEBT + 2) * w[i].burst
+    if d > limit then d = limit end
+    if d < -limit then d = -limit end
+    lv[i] = clamp(i, lv[i] + d * w[i].scale)
+  end
+end
+
 local function decode_ticket(id, data)
   if not data then return nil end
   local f = {}
@@ -220,11 +273,11 @@ end
 local function parse_tickets(ids)
   local out = {}
   for from = 1, #ids, 1000 do
-    local last = math.min(#ids, from + 999)
-    local fields = {}
-    for j = from, last do fields[#fields + 1] = 'q' .. ids[j] end
-    local data = redis.call('HMGET', hash, unpack(fields))
-    for j = from, last do out[j] = decode_ticket(ids[j], data[j - from + 1]) end
+    local upto = math.min(#ids, from + 999)
+    local wanted = {}
+    for j = from, upto do wanted[#wanted + 1] = 'q' .. ids[j] end
+    local data = redis.call('HMGET', hash, unpack(wanted))
+    for j = from, upto do out[j] = decode_ticket(ids[j], data[j - from + 1]) end
   end
   return out
 end
@@ -291,53 +344,161 @@ local function shadow()
 end
 
 local function save_shadow(at, lv)
-  local fields = {'st', string.format('%.0f', at)}
+  local out = {'st', fmt(at)}
   for i = 1, k do
-    table.insert(fields, 's' .. i)
-    table.insert(fields, string.format('%.0f', lv[i]))
+    table.insert(out, 's' .. i)
+    table.insert(out, fmt(lv[i]))
   end
-  redis.call('HSET', hash, unpack(fields))
+  redis.call('HSET', hash, unpack(out))
+end
+
+-- Adds `delta` to the real levels and to the stored schedule alike.
+local function apply(delta)
+  add_to(levels, delta)
+  if redis.call('HEXISTS', hash, 'st') == 1 and not shadow_dirty then
+    local at, lv = shadow()
+    add_to(lv, delta)
+    save_shadow(at, lv)
+  end
+end
+
+-- Calls in flight -------------------------------------------------------------------------
+
+local flights_changed = false
+local flights_gone = false
+
+local function decode_flight(id, data)
+  if not data then return nil end
+  local f = {}
+  for part in string.gmatch(data, '%S+') do
+    f[#f + 1] = tonumber(part)
+  end
+  return {id = id, at = f[1], charged = {f[2], f[3], f[4]}, done = f[5] == 1}
+end
+
+local function encode_flight(f)
+  local done = 0
+  if f.done then done = 1 end
+  return string.format('%.0f %.0f %.0f %.0f %d', f.at, f.charged[1], f.charged[2], f.charged[3], done)
+end
+
+local function read_flight(id)
+  if id < ffirst or id >= fnext then return nil end
+  return decode_flight(id, redis.call('HGET', hash, 'f' .. fmt(id)))
+end
+
+-- Forgets, from the front, calls that settled and calls that outlived their lease; the cover
+-- goes with the last call it could serve.
+local function prune()
+  while ffirst < fnext do
+    local f = read_flight(ffirst)
+    if f ~= nil and not f.done and f.at + FLIGHT_LEASE >= now then break end
+    redis.call('HDEL', hash, 'f' .. fmt(ffirst))
+    ffirst = ffirst + 1
+    flights_changed = true
+  end
+  if ffirst >= fnext or ffirst > covers then
+    if cover[1] ~= 0 or cover[2] ~= 0 or cover[3] ~= 0 then flights_changed = true end
+    cover = {0, 0, 0}
+  end
+end
+
+-- A call charged `cost` goes out now: its number.
+local function fly(cost)
+  prune()
+  if fnext - ffirst >= MAX_FLIGHTS then
+    redis.call('HDEL', hash, 'f' .. fmt(ffirst))
+    ffirst = ffirst + 1
+  end
+  local id = fnext
+  fnext = fnext + 1
+  redis.call('HSET', hash, 'f' .. fmt(id), encode_flight({at = now, charged = cost, done = false}), 'fa', fmt(now))
+  flights_changed = true
+  return id
+end
+
+-- What the calls that went out well after `f` were charged, per currency, and whether another
+-- call went out within the skew of it.
+local function after(f)
+  local unseen = {0, 0, 0}
+  local ambiguous = false
+  local from = f.id + 1
+  while from < fnext do
+    local upto = math.min(fnext - 1, from + 999)
+    local wanted = {}
+    for id = from, upto do wanted[#wanted + 1] = 'f' .. fmt(id) end
+    local data = redis.call('HMGET', hash, unpack(wanted))
+    for id = from, upto do
+      local o = decode_flight(id, data[id - from + 1])
+      if o ~= nil then
+        if o.at > f.at + SKEW then
+          for c = 1, 3 do unseen[c] = unseen[c] + o.charged[c] end
+        else
+          ambiguous = true
+        end
+      end
+    end
+    from = upto + 1
+  end
+  if f.id > ffirst then
+    local before = read_flight(f.id - 1)
+    if before ~= nil and before.at + SKEW >= f.at then ambiguous = true end
+  end
+  return unseen, ambiguous
+end
+
+local function save_flights()
+  if flights_gone then
+    redis.call('HDEL', hash, 'fn', 'ff', 'fa', 'c1', 'c2', 'c3', 'cv')
+    return
+  end
+  if not flights_changed then return end
+  redis.call('HSET', hash, 'fn', fmt(fnext), 'ff', fmt(ffirst), 'c1', fmt(cover[1]),
+    'c2', fmt(cover[2]), 'c3', fmt(cover[3]), 'cv', fmt(covers))
 end
 
 local function store()
-  local fields = {'sig', sig, 't', string.format('%.0f', now), 'p', string.format('%.0f', paused_until)}
+  save_flights()
+  local out = {'sig', sig, 't', fmt(now), 'p', fmt(paused_until)}
   for c = 1, 3 do
-    table.insert(fields, 'pq' .. c)
-    table.insert(fields, string.format('%.0f', pq[c]))
+    table.insert(out, 'pq' .. c)
+    table.insert(out, fmt(pq[c]))
   end
   -- The buckets refill during a pause, but the pause itself must outlive it.
   local expire_ms = paused_until - now
   for i = 1, k do
-    table.insert(fields, 'l' .. i)
-    table.insert(fields, string.format('%.0f', levels[i]))
+    table.insert(out, 'l' .. i)
+    table.insert(out, fmt(levels[i]))
     local room = w[i].cap - levels[i]
     if room > 0 then
       local fill = ceil_div(room, w[i].rate)
       if fill > expire_ms then expire_ms = fill end
     end
   end
-  redis.call('HSET', hash, unpack(fields))
-  if shadow_dirty or redis.call('ZCARD', queue) == 0 then
+  redis.call('HSET', hash, unpack(out))
+  local queued = redis.call('ZCARD', queue)
+  if shadow_dirty or queued == 0 then
     redis.call('HDEL', hash, 'st')
   end
   local ql = tonumber(redis.call('HGET', hash, 'ql') or 0)
-  if redis.call('ZCARD', queue) > 0 and ql - now > expire_ms then
+  if queued > 0 and ql - now > expire_ms then
     expire_ms = ql - now
   end
-  -- The key lives until its windows would be full again and no ticket can still be claimed:
-  -- then it carries no information.
+  if ffirst < fnext and not flights_gone then
+    local fa = tonumber(redis.call('HGET', hash, 'fa') or now)
+    if fa + FLIGHT_LEASE - now > expire_ms then expire_ms = fa + FLIGHT_LEASE - now end
+  end
+  -- The key lives until its windows would be full again and no ticket or call in flight can
+  -- still be claimed: then it carries no information.
   redis.call('PEXPIRE', hash, expire_ms + 1)
   redis.call('PEXPIRE', queue, expire_ms + 1)
 end
 
-local function cost_args(from)
+local function cost_args(from, lo)
   local cost = {}
   for c = 1, 3 do
-    cost[c] = int(ARGV[from + c - 1], 0, MAX)
+    cost[c] = int(ARGV[from + c - 1], lo, MAX)
     if cost[c] == nil then return nil end
-  end
-  for i = 1, k do
-    if cost[w[i].cur] > w[i].burst then return nil end
   end
   return cost
 end
@@ -345,15 +506,30 @@ end
 local function note_lease(until_ms)
   local ql = tonumber(redis.call('HGET', hash, 'ql') or 0)
   if until_ms > ql then
-    redis.call('HSET', hash, 'ql', string.format('%.0f', until_ms))
+    redis.call('HSET', hash, 'ql', fmt(until_ms))
   end
 end
 
+-- An admitted call: remembered as in flight when `flying`.
+local function went(cost, flying)
+  if flying then
+    local id = fly(cost)
+    store()
+    return {'flying', id, now}
+  end
+  store()
+  return {'ok', now}
+end
+
 if op == 'acquire' then
-  local cost = cost_args(args + 1)
+  local cost = cost_args(args + 1, 0)
   local max_wait = int(ARGV[args + 4], -1, MAX)
-  if cost == nil or max_wait == nil then
+  local flying = int(ARGV[args + 5], 0, 1)
+  if cost == nil or max_wait == nil or flying == nil then
     return fail('bad cost or max wait')
+  end
+  for i = 1, k do
+    if cost[w[i].cur] > w[i].burst then return fail('bad cost or max wait') end
   end
   expire_head()
   if now >= paused_until and wait_all(levels, pq, cost) == 0 then
@@ -363,8 +539,7 @@ if op == 'acquire' then
       charge(lv, cost)
       save_shadow(at, lv)
     end
-    store()
-    return {'ok', now}
+    return went(cost, flying == 1)
   end
   local at, lv = shadow()
   local start = at
@@ -372,22 +547,23 @@ if op == 'acquire' then
   if paused_until > start then start = paused_until end
   for i = 1, k do lv[i] = refill(i, lv[i], start - at) end
   local due = start + wait_all(lv, {0, 0, 0}, cost)
+  local queued = redis.call('ZCARD', queue)
   if max_wait >= 0 and due - now > max_wait then
     store()
-    if redis.call('ZCARD', queue) > 0 then
+    if queued > 0 then
       save_shadow(start, lv)
     end
     return {'wait', due - now, now}
   end
-  if redis.call('ZCARD', queue) >= MAX_QUEUE then
-    return fail('the queue of this key is full (' .. MAX_QUEUE .. ' calls wait)')
+  if queued >= MAX_QUEUE then
+    return {'full', now}
   end
   for i = 1, k do lv[i] = refill(i, lv[i], due - start) end
   charge(lv, cost)
   local id = field('n', 0, MAX, now * 1000)
   if id < now * 1000 then id = now * 1000 end
-  redis.call('HSET', hash, 'n', string.format('%.0f', id + 1))
-  local idtext = string.format('%.0f', id)
+  redis.call('HSET', hash, 'n', fmt(id + 1))
+  local idtext = fmt(id)
   redis.call('ZADD', queue, id, idtext)
   redis.call('HSET', hash, 'q' .. idtext,
     string.format('%.0f %.0f %.0f %.0f %.0f', due, due + lease, cost[1], cost[2], cost[3]))
@@ -398,8 +574,9 @@ if op == 'acquire' then
   return {'queued', idtext, due - now, now}
 elseif op == 'admit' then
   local id = int(ARGV[args + 1], 0, MAX)
-  if id == nil then return fail('bad ticket') end
-  local t = parse_ticket(string.format('%.0f', id))
+  local flying = int(ARGV[args + 2], 0, 1)
+  if id == nil or flying == nil then return fail('bad ticket') end
+  local t = parse_ticket(fmt(id))
   if t == nil then
     store()
     return {'lost', now}
@@ -434,8 +611,7 @@ elseif op == 'admit' then
   elseif wait == 0 and not unseen then
     charge(levels, t.cost)
     forget_ticket(t)
-    store()
-    return {'ok', now}
+    return went(t.cost, flying == 1)
   elseif unseen then
     -- Calls this ticket did not look at are ahead. Guess their cost from those it saw, and ask
     -- again when half of the guess has passed: a waiter deep in the line asks a few times on
@@ -465,7 +641,7 @@ elseif op == 'admit' then
 elseif op == 'cancel' then
   local id = int(ARGV[args + 1], 0, MAX)
   if id == nil then return fail('bad ticket') end
-  local t = parse_ticket(string.format('%.0f', id))
+  local t = parse_ticket(fmt(id))
   if t ~= nil then
     forget_ticket(t)
     drop_shadow()
@@ -479,33 +655,38 @@ elseif op == 'adjust' then
     delta[c] = int(ARGV[args + c], -MAX, MAX)
     if delta[c] == nil then return fail('bad adjustment') end
   end
-  local function apply(lv)
-    for i = 1, k do
-      local d = delta[w[i].cur]
-      local limit = (DEBT + 2) * w[i].burst
-      if d > limit then d = limit end
-      if d < -limit then d = -limit end
-      lv[i] = clamp(i, lv[i] + d * w[i].scale)
-    end
-  end
-  apply(levels)
-  if redis.call('HEXISTS', hash, 'st') == 1 then
-    local at, lv = shadow()
-    apply(lv)
-    save_shadow(at, lv)
-  end
+  apply(delta)
   store()
   return {'done', now}
 elseif op == 'penalize' then
   local pause = int(ARGV[args + 1], 0, MAX - now)
-  if pause == nil then return fail('bad pause') end
+  local spent = int(ARGV[args + 2], 0, 7)
+  if pause == nil or spent == nil then return fail('bad pause') end
+  local bit = {1, 2, 4}
+  local emptied = {-1, -1, -1}
   for i = 1, k do
-    if levels[i] > 0 then levels[i] = 0 end
+    local c = w[i].cur
+    if math.floor(spent / bit[c]) % 2 == 1 then
+      local held = 0
+      if levels[i] > 0 then held = floor_div(levels[i], w[i].scale) end
+      if emptied[c] < 0 or held < emptied[c] then emptied[c] = held end
+      if levels[i] > 0 then levels[i] = 0 end
+    end
+  end
+  for c = 1, 3 do
+    if emptied[c] < 0 then emptied[c] = 0 end
   end
   if now + pause > paused_until then paused_until = now + pause end
+  if ffirst < fnext then
+    covers = fnext - 1
+    for c = 1, 3 do
+      if math.floor(spent / bit[c]) % 2 == 1 then cover[c] = emptied[c] end
+    end
+    flights_changed = true
+  end
   drop_shadow()
   store()
-  return {'done', now}
+  return {'emptied', emptied[1], emptied[2], emptied[3], now}
 elseif op == 'lower' then
   local cur = int(ARGV[args + 1], 1, 3)
   local remaining = int(ARGV[args + 2], 0, MAX)
@@ -517,13 +698,8 @@ elseif op == 'lower' then
       local r = remaining
       if r > w[i].burst then r = w[i].burst end
       local target = r * w[i].scale
-      local tokens
-      if levels[i] >= target then
-        tokens = floor_div(levels[i] - target, w[i].scale)
-        levels[i] = target
-      else
-        tokens = -ceil_div(target - levels[i], w[i].scale)
-      end
+      local tokens = whole(i, levels[i] - target)
+      if levels[i] > target then levels[i] = target end
       if above == nil or tokens < above then above = tokens end
     end
   end
@@ -531,6 +707,117 @@ elseif op == 'lower' then
   drop_shadow()
   store()
   return {'lowered', above, now}
+elseif op == 'sync' then
+  local id = int(ARGV[args + 1], 0, MAX)
+  local charged = cost_args(args + 2, 0)
+  local remaining = cost_args(args + 5, -1)
+  local foreign = cost_args(args + 8, 0)
+  local margin = cost_args(args + 11, 0)
+  local if_above = int(ARGV[args + 14], 0, 1)
+  local refused = int(ARGV[args + 15], 0, 1)
+  if id == nil or charged == nil or remaining == nil or foreign == nil or margin == nil
+    or if_above == nil or refused == nil then
+    return fail('bad sync')
+  end
+  apply({-foreign[1], -foreign[2], -foreign[3]})
+  local f = read_flight(id)
+  local since, unseen, ambiguous = 0, {0, 0, 0}, true
+  if f ~= nil then
+    unseen, ambiguous = after(f)
+    since = now - f.at
+  end
+  if refused == 1 then
+    local own = charged
+    if f ~= nil then own = f.charged end
+    for c = 1, 3 do unseen[c] = unseen[c] + own[c] end
+  end
+  local above = {nil, nil, nil}
+  for i = 1, k do
+    local c = w[i].cur
+    if remaining[c] >= 0 then
+      local r = remaining[c]
+      if r > w[i].burst then r = w[i].burst end
+      local target = refill(i, r * w[i].scale, since) - units(i, unseen[c])
+      if target < 0 then target = 0 end
+      local tokens = whole(i, levels[i] - target)
+      if above[c] == nil or tokens < above[c] then above[c] = tokens end
+      local m = margin[c]
+      if if_above == 1 and tokens <= 0 then m = 0 end
+      target = target - units(i, m)
+      if target < 0 then target = 0 end
+      if levels[i] > target then levels[i] = target end
+    end
+  end
+  if f ~= nil then
+    local lowered = false
+    for c = 1, 3 do
+      if above[c] ~= nil and above[c] > 0 then
+        cover[c] = above[c]
+        lowered = true
+      end
+    end
+    if lowered then
+      covers = f.id
+      flights_changed = true
+    end
+  end
+  drop_shadow()
+  store()
+  local reply = {'synced'}
+  for c = 1, 3 do
+    if above[c] == nil then table.insert(reply, '') else table.insert(reply, above[c]) end
+  end
+  local amb = 0
+  if ambiguous then amb = 1 end
+  table.insert(reply, amb)
+  table.insert(reply, now)
+  return reply
+elseif op == 'settle' then
+  local id = int(ARGV[args + 1], 0, MAX)
+  local charged = cost_args(args + 2, 0)
+  local used = cost_args(args + 5, -1)
+  local is_last = int(ARGV[args + 8], 0, 1)
+  if id == nil or charged == nil or used == nil or is_last == nil then
+    return fail('bad settlement')
+  end
+  local f = read_flight(id)
+  local was = charged
+  local coverable = false
+  if f ~= nil then
+    was = f.charged
+    coverable = f.id <= covers
+  end
+  local delta = {0, 0, 0}
+  for c = 1, 3 do
+    if used[c] >= 0 and has[c] then
+      local difference = was[c] - used[c]
+      if difference >= 0 then
+        delta[c] = difference
+      else
+        local shortfall = -difference
+        local covered = 0
+        if coverable then
+          covered = shortfall
+          if cover[c] < covered then covered = cover[c] end
+          cover[c] = cover[c] - covered
+          flights_changed = true
+        end
+        delta[c] = -(shortfall - covered)
+      end
+      if f ~= nil then f.charged[c] = used[c] end
+    end
+  end
+  if f ~= nil then
+    if is_last == 1 then f.done = true end
+    redis.call('HSET', hash, 'f' .. fmt(f.id), encode_flight(f))
+    if is_last == 1 then
+      prune()
+      if ffirst >= fnext then flights_gone = true end
+    end
+  end
+  apply(delta)
+  store()
+  return {'settled', delta[1], delta[2], delta[3], now}
 elseif op == 'snapshot' then
   local reply = {'levels', now}
   for i = 1, k do

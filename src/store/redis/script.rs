@@ -3,11 +3,36 @@
 
 use redis::Value;
 
-use crate::bucket::{Available, Tokens};
+use std::sync::LazyLock;
+
+use crate::bucket::{self, Amount, Available};
 use crate::rate::{Currency, Limits, Rate};
 use crate::store::Op;
 
-pub(super) const LUA: &str = include_str!("script.lua");
+/// The script as written: constants in double braces are filled in from Rust's.
+const TEMPLATE: &str = include_str!("script.lua");
+
+/// The script the server runs: [`TEMPLATE`] with every constant it shares with the rule book
+/// taken from the Rust constants, so that the two can't drift apart by hand.
+pub(super) static LUA: LazyLock<String> = LazyLock::new(|| {
+    let constants = [
+        ("MAX_CAPACITY", MAX_CAPACITY.to_string()),
+        ("DEBT_BURSTS", bucket::DEBT_BURSTS.to_string()),
+        ("MAX_QUEUE", bucket::MAX_QUEUE.to_string()),
+        ("SCAN_AHEAD", bucket::SCAN_AHEAD.to_string()),
+        ("MAX_FLIGHTS", bucket::MAX_FLIGHTS.to_string()),
+        (
+            "FLIGHT_LEASE_MS",
+            bucket::FLIGHT_LEASE.as_millis().to_string(),
+        ),
+        ("SEND_SKEW_MS", bucket::SEND_SKEW.as_millis().to_string()),
+    ];
+    let mut script = TEMPLATE.to_owned();
+    for (name, value) in constants {
+        script = script.replace(&format!("{{{{{name}}}}}"), &value);
+    }
+    script
+});
 
 /// The script's capacities stay below 2^46, so that a debt of 64 bursts, any refill and any
 /// wait stay exact in its doubles (below 2^53).
@@ -78,17 +103,24 @@ fn exact(value: i64) -> i64 {
 pub(super) fn op_args(op: Op) -> (&'static str, Vec<i64>) {
     let ms_floor = |d: std::time::Duration| i64::try_from(d.as_millis()).unwrap_or(MAX_EXACT);
     let amount = |n: u64| i64::try_from(n).unwrap_or(MAX_EXACT).min(MAX_EXACT);
+    let maybe = |n: Option<u64>| n.map_or(-1, amount);
+    let flag = |b: bool| i64::from(b);
     match op {
-        Op::Acquire { cost, max_wait } => (
+        Op::Acquire {
+            cost,
+            max_wait,
+            fly,
+        } => (
             "acquire",
             vec![
                 amount(cost.requests),
                 amount(cost.tokens),
                 amount(cost.output_tokens),
                 max_wait.map_or(-1, |d| ms_floor(d).min(MAX_EXACT)),
+                flag(fly),
             ],
         ),
-        Op::Admit { ticket } => ("admit", vec![amount(ticket.id())]),
+        Op::Admit { ticket, fly } => ("admit", vec![amount(ticket.id()), flag(fly)]),
         Op::Cancel { ticket } => ("cancel", vec![amount(ticket.id())]),
         Op::Adjust {
             requests,
@@ -98,10 +130,10 @@ pub(super) fn op_args(op: Op) -> (&'static str, Vec<i64>) {
             "adjust",
             vec![exact(requests), exact(tokens), exact(output_tokens)],
         ),
-        Op::Penalize { pause } => {
+        Op::Penalize { pause, spent } => {
             // Whole milliseconds, rounded up: never shorter than the provider asked.
             let ms = pause.as_nanos().div_ceil(1_000_000).min(MAX_PAUSE_MS);
-            ("penalize", vec![ms as i64])
+            ("penalize", vec![ms as i64, i64::from(spent.bits())])
         }
         Op::Lower {
             currency,
@@ -110,6 +142,28 @@ pub(super) fn op_args(op: Op) -> (&'static str, Vec<i64>) {
             "lower",
             vec![i64::from(number(currency)), amount(remaining)],
         ),
+        Op::Sync(sync) => {
+            let mut args = vec![amount(sync.flight)];
+            args.extend(bucket::per_currency(sync.charged).map(amount));
+            args.extend(sync.remaining.map(maybe));
+            args.extend(sync.foreign.map(amount));
+            args.extend(sync.margin.map(amount));
+            args.push(flag(sync.margin_if_above));
+            args.push(flag(sync.refused));
+            ("sync", args)
+        }
+        Op::Settle {
+            flight,
+            charged,
+            used,
+            last,
+        } => {
+            let mut args = vec![amount(flight)];
+            args.extend(bucket::per_currency(charged).map(amount));
+            args.extend(used.map(maybe));
+            args.push(flag(last));
+            ("settle", args)
+        }
         Op::Snapshot => ("snapshot", Vec::new()),
         Op::Ping => ("ping", Vec::new()),
     }
@@ -130,6 +184,26 @@ pub(super) fn window_args(command: &mut redis::Cmd, windows: &[Scaled]) {
 #[derive(Debug)]
 pub(super) enum Reply {
     Ok {
+        now_ms: u64,
+    },
+    Flying {
+        id: u64,
+        now_ms: u64,
+    },
+    Full {
+        now_ms: u64,
+    },
+    Emptied {
+        emptied: [u64; 3],
+        now_ms: u64,
+    },
+    Synced {
+        above: [Option<i64>; 3],
+        ambiguous: bool,
+        now_ms: u64,
+    },
+    Settled {
+        delta: [i64; 3],
         now_ms: u64,
     },
     Queued {
@@ -168,6 +242,11 @@ impl Reply {
     pub(super) fn now_ms(&self) -> u64 {
         match self {
             Reply::Ok { now_ms }
+            | Reply::Full { now_ms }
+            | Reply::Flying { now_ms, .. }
+            | Reply::Emptied { now_ms, .. }
+            | Reply::Synced { now_ms, .. }
+            | Reply::Settled { now_ms, .. }
             | Reply::Queued { now_ms, .. }
             | Reply::Wait { now_ms, .. }
             | Reply::Behind { now_ms, .. }
@@ -207,6 +286,31 @@ pub(super) fn parse_reply(value: Value) -> Option<Reply> {
     let uint = |i: usize| int(i).and_then(|n| u64::try_from(n).ok());
     Some(match tag.as_str() {
         "ok" => Reply::Ok { now_ms: uint(1)? },
+        "flying" => Reply::Flying {
+            id: uint(1)?,
+            now_ms: uint(2)?,
+        },
+        "full" => Reply::Full { now_ms: uint(1)? },
+        "emptied" => Reply::Emptied {
+            emptied: [uint(1)?, uint(2)?, uint(3)?],
+            now_ms: uint(4)?,
+        },
+        "synced" => {
+            let maybe = |i: usize| match items.get(i) {
+                Some(Value::BulkString(bytes)) if bytes.is_empty() => Some(None),
+                Some(value) => as_int(value).map(Some),
+                None => None,
+            };
+            Reply::Synced {
+                above: [maybe(1)?, maybe(2)?, maybe(3)?],
+                ambiguous: uint(4)? == 1,
+                now_ms: uint(5)?,
+            }
+        }
+        "settled" => Reply::Settled {
+            delta: [int(1)?, int(2)?, int(3)?],
+            now_ms: uint(4)?,
+        },
         "queued" => Reply::Queued {
             id: uint(1)?,
             due_in_ms: uint(2)?,
@@ -247,7 +351,7 @@ pub(super) fn available(windows: &[Scaled], levels: &[i64]) -> Option<Vec<Availa
                 Available::new(
                     w.currency,
                     w.rate,
-                    Tokens::from_units(i128::from(*level), w.scale),
+                    Amount::from_units(i128::from(*level), w.scale),
                 )
             })
             .collect()
@@ -274,9 +378,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_script_looks_as_far_ahead_as_the_memory_store() {
-        let line = format!("local SCAN_AHEAD = {}\n", crate::bucket::SCAN_AHEAD);
-        assert!(LUA.contains(&line), "script.lua must set {line:?}");
+    fn every_constant_of_the_script_comes_from_rust() {
+        assert!(!LUA.contains("{{"), "a constant was left unfilled");
+        for line in [
+            format!("local SCAN_AHEAD = {}\n", crate::bucket::SCAN_AHEAD),
+            format!("local DEBT = {}\n", crate::bucket::DEBT_BURSTS),
+            format!("local MAX_QUEUE = {}\n", crate::bucket::MAX_QUEUE),
+            format!("local MAX_CAP = {}\n", MAX_CAPACITY),
+        ] {
+            assert!(LUA.contains(&line), "the script must set {line:?}");
+        }
     }
 
     #[test]

@@ -1,331 +1,27 @@
-//! The bucket arithmetic: exact, pure, with time passed in.
-//!
-//! A window of rate `N/P burst B` holds `T` tokens at its last update and follows
-//! `T = min(B, T + (N/P)·elapsed)`; a cost `c` is admitted only when `T ≥ c`.
-//!
-//! # Exactness
-//!
-//! Tokens are kept in *units* of `1/P` of a token, where `P` is the period in nanoseconds. One
-//! nanosecond then refills exactly `N` units, a token is exactly `P` units, and every quantity
-//! is an integer: `0.25 s` at `2/s` is `2 · 250_000_000 = 500_000_000` units, exactly half of
-//! `P = 1_000_000_000`. Levels live in an `i128`; the grammar keeps `B · P` below 2^120, and
-//! debt stops at 64 bursts, so nothing here can overflow. Every decision is the one exact
-//! rational arithmetic gives, and every hint is the exact number of nanoseconds (rounded up)
-//! until the tokens exist.
-//!
-//! # Arrival order
-//!
-//! A call that can't pass at once takes a *ticket*: its place in the key's queue, with the
-//! instant it is *due* (when the key can pay for it after every ticket ahead of it has paid,
-//! computed on a *shadow* copy of the levels that runs ahead of the real ones). Tickets hold no
-//! tokens: the real levels are charged only when a ticket is admitted, so the window bound is
-//! the bucket's own, and a ticket given up (a dropped wait) is simply removed. A newcomer passes
-//! at once only if the key can pay for it *and* for every ticket waiting, so no later call
-//! delays an earlier one. A ticket whose holder stops asking for it (a process that died) lapses
-//! after its lease.
-//!
-//! Nothing here reads a clock or does I/O; the stores call it with the time they trust.
+//! A key's whole state and its transitions: admit, queue, settle, pause, lower, sync. Each
+//! transition is all or nothing, and takes the store's time as an argument.
 
-use std::collections::VecDeque;
 use std::time::Duration;
 
+use super::flights::Flights;
+use super::queue::{Queue, Ticket, add, scale, sub};
+use super::window::{Levels, Window, windows};
+use super::{
+    Available, BucketError, Delta, MAX_QUEUE, Nanos, PerCurrency, SCAN_AHEAD, Step, SyncArgs,
+    index, per_currency, saturate, validate,
+};
 use crate::cost::Cost;
-use crate::rate::{Currency, Limits, Rate};
-
-/// How many bursts of debt a window may carry (settling large underestimates): enough for any
-/// honest correction, and small enough that every quantity stays far inside an `i128` (and, in
-/// the Redis script, below 2^53).
-pub(crate) const DEBT_BURSTS: i128 = 64;
-
-/// A point in time, in nanoseconds since the origin of the clock that produced it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub(crate) struct Nanos(pub(crate) u64);
-
-impl Nanos {
-    pub(crate) fn from_duration(duration: Duration) -> Nanos {
-        Nanos(u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX))
-    }
-
-    pub(crate) fn as_duration(self) -> Duration {
-        Duration::from_nanos(self.0)
-    }
-
-    pub(crate) fn plus(self, by: Duration) -> Nanos {
-        Nanos(self.0.saturating_add(Nanos::from_duration(by).0))
-    }
-
-    /// The time from `earlier` to `self`, zero if `earlier` is later.
-    pub(crate) fn since(self, earlier: Nanos) -> Duration {
-        Duration::from_nanos(self.0.saturating_sub(earlier.0))
-    }
-}
-
-/// An exact amount of tokens: `units / scale`, where `scale` is the period in nanoseconds (or,
-/// on Redis, the period in milliseconds reduced by a common factor).
-///
-/// ```
-/// use tollgate::Tokens;
-///
-/// let half = Tokens::from_units(500_000_000, 1_000_000_000);
-/// assert!(half.is(1, 2));
-/// assert_eq!(half.whole(), 0);
-/// ```
-#[derive(Debug, Clone, Copy)]
-pub struct Tokens {
-    units: i128,
-    scale: u64,
-}
-
-impl Tokens {
-    /// `units / scale` tokens (`scale` must be positive; 0 is read as 1).
-    pub fn from_units(units: i128, scale: u64) -> Tokens {
-        Tokens {
-            units,
-            scale: scale.max(1),
-        }
-    }
-
-    /// The numerator over [`scale`](Tokens::scale).
-    pub fn units(&self) -> i128 {
-        self.units
-    }
-
-    /// The denominator: units per token.
-    pub fn scale(&self) -> u64 {
-        self.scale
-    }
-
-    /// Whole tokens, rounded down (negative when the window is in debt).
-    pub fn whole(&self) -> i128 {
-        self.units.div_euclid(i128::from(self.scale))
-    }
-
-    /// True when the amount is exactly `numerator / denominator` tokens.
-    pub fn is(&self, numerator: i128, denominator: u64) -> bool {
-        // Widen through checked multiplication, so that an overflow reads as "not equal"
-        // instead of wrapping.
-        match (
-            self.units.checked_mul(i128::from(denominator)),
-            numerator.checked_mul(i128::from(self.scale)),
-        ) {
-            (Some(a), Some(b)) => a == b,
-            _ => false,
-        }
-    }
-
-    /// The amount as a float, for display only.
-    pub fn as_f64(&self) -> f64 {
-        self.units as f64 / self.scale as f64
-    }
-}
-
-impl PartialEq for Tokens {
-    fn eq(&self, other: &Tokens) -> bool {
-        self.is(other.units, other.scale)
-    }
-}
-
-impl std::fmt::Display for Tokens {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.as_f64())
-    }
-}
-
-/// What one window holds at an instant.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub struct Available {
-    /// The currency of the window.
-    pub currency: Currency,
-    /// The window.
-    pub rate: Rate,
-    /// What it holds (negative in debt).
-    pub tokens: Tokens,
-}
-
-impl Available {
-    pub(crate) fn new(currency: Currency, rate: Rate, tokens: Tokens) -> Available {
-        Available {
-            currency,
-            rate,
-            tokens,
-        }
-    }
-}
-
-/// Input the arithmetic refuses. None of these changes any state.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum BucketError {
-    /// A cost of zero in every currency: a call always pays something.
-    ZeroCost,
-    /// A cost larger than a window's burst: no amount of waiting could admit it.
-    CostExceedsCapacity {
-        currency: Currency,
-        rate: Rate,
-        cost: u64,
-    },
-}
-
-/// One window's arithmetic, in units of `1/P` token.
-#[derive(Debug, Clone, Copy)]
-struct Window {
-    rate: Rate,
-}
-
-impl Window {
-    fn scale(self) -> i128 {
-        i128::from(self.rate.period_nanos())
-    }
-
-    fn cap(self) -> i128 {
-        i128::from(self.rate.burst()) * self.scale()
-    }
-
-    fn floor(self) -> i128 {
-        -DEBT_BURSTS * self.cap()
-    }
-
-    fn units(self, amount: u64) -> i128 {
-        i128::from(amount) * self.scale()
-    }
-
-    /// The level `elapsed` after `level`: refilled, and saturated at the capacity.
-    fn refill(self, level: i128, elapsed: u64) -> i128 {
-        let cap = self.cap();
-        let room = cap - level;
-        if room <= 0 {
-            return cap;
-        }
-        match i128::from(elapsed).checked_mul(i128::from(self.rate.amount())) {
-            Some(gain) if gain < room => level + gain,
-            _ => cap,
-        }
-    }
-
-    /// Nanoseconds until `level` reaches `needed` units (0 when it already has).
-    fn wait(self, level: i128, needed: i128) -> u64 {
-        if level >= needed {
-            return 0;
-        }
-        let amount = i128::from(self.rate.amount());
-        u64::try_from((needed - level + amount - 1) / amount).unwrap_or(u64::MAX)
-    }
-
-    fn clamp(self, level: i128) -> i128 {
-        level.clamp(self.floor(), self.cap())
-    }
-}
-
-fn windows(limits: &Limits) -> impl Iterator<Item = (Currency, Window)> + '_ {
-    limits
-        .flat()
-        .iter()
-        .map(|(currency, rate)| (*currency, Window { rate: *rate }))
-}
+use crate::rate::{Currencies, Currency, Limits};
 
 /// The most windows the single-pass admission keeps on the stack; keys with more take the
 /// general path.
 const FAST_WINDOWS: usize = 4;
 
-/// How many of the tickets ahead of it an asking ticket looks at (the Redis script keeps the
-/// same number).
-pub(crate) const SCAN_AHEAD: usize = 32;
-
-/// `cost · num / den`, rounded down, in every currency (saturating).
-fn scale(cost: Cost, num: u64, den: u64) -> Cost {
-    let one = |n: u64| {
-        u64::try_from(u128::from(n) * u128::from(num) / u128::from(den.max(1))).unwrap_or(u64::MAX)
-    };
-    Cost::new(one(cost.requests), one(cost.tokens)).with_output_tokens(one(cost.output_tokens))
-}
-
 /// A millisecond, the shortest hint to a ticket that did not see everything ahead of it.
-const MS_NANOS: u64 = 1_000_000;
+const MS_NANOS: u128 = 1_000_000;
 
-/// Checks a cost against the windows, before any time is involved: a cost of zero in every
-/// currency, or above some window's burst, is refused.
-pub(crate) fn validate(limits: &Limits, cost: Cost) -> Result<(), BucketError> {
-    if cost.is_zero() {
-        return Err(BucketError::ZeroCost);
-    }
-    for (currency, rate) in limits.windows() {
-        let amount = cost.of(currency);
-        if amount > rate.burst() {
-            return Err(BucketError::CostExceedsCapacity {
-                currency,
-                rate: *rate,
-                cost: amount,
-            });
-        }
-    }
-    Ok(())
-}
-
-/// The answer of one step of a key's state machine, in the store's own time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Step {
-    /// Charged; the call may go.
-    Admitted,
-    /// Queued behind earlier calls: ticket `id`, due at `due`.
-    Queued { id: u64, due: Nanos },
-    /// Nothing charged, nothing queued: the call could pass at `ready`.
-    NotYet { ready: Nanos },
-    /// The ticket waits for calls ahead of it that have not passed yet; if they passed now,
-    /// it could pass at `ready`.
-    Behind { ready: Nanos },
-    /// The ticket is gone (it lapsed or was cancelled).
-    Lost,
-    /// Done (adjustments, penalties, cancellations).
-    Done,
-    /// Lowered: how many whole tokens the window of the currency closest to the remaining
-    /// count held above it (negative: below, and nothing was lowered there).
-    Lowered(i64),
-}
-
-/// Tokens to add to (or, negative, take from) the windows of each currency.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct Delta {
-    pub(crate) requests: i64,
-    pub(crate) tokens: i64,
-    pub(crate) output_tokens: i64,
-}
-
-impl Delta {
-    pub(crate) fn of(&self, currency: Currency) -> i64 {
-        match currency {
-            Currency::Requests => self.requests,
-            Currency::Tokens => self.tokens,
-            Currency::OutputTokens => self.output_tokens,
-        }
-    }
-}
-
-/// One waiting call's place.
-#[derive(Debug, Clone, Copy)]
-struct Ticket {
-    id: u64,
-    cost: Cost,
-    lease_until: Nanos,
-}
-
-/// Levels as of an instant.
-#[derive(Debug, Clone)]
-struct Levels {
-    at: Nanos,
-    units: Box<[i128]>,
-}
-
-#[derive(Debug)]
-struct Queue {
-    tickets: VecDeque<Ticket>,
-    /// What the tickets will pay, in all.
-    pending: Cost,
-    /// The levels after every queued ticket has paid, as of the last one's due time; `None`
-    /// when it must be rebuilt (after a cancellation or a penalty).
-    shadow: Option<Levels>,
-}
-
-/// Every window of one key, with its queue: the whole state a store keeps for it.
+/// Every window of one key, with its queue and its calls in flight: the whole state a store
+/// keeps for it.
 #[derive(Debug)]
 pub(crate) struct KeyState {
     /// The real levels, as of the last update (never ahead of the store's clock).
@@ -334,71 +30,8 @@ pub(crate) struct KeyState {
     paused_until: Nanos,
     /// `None` while nobody waits, which is most of the time.
     queue: Option<Box<Queue>>,
-}
-
-fn add(a: Cost, b: Cost) -> Cost {
-    Cost::new(
-        a.requests.saturating_add(b.requests),
-        a.tokens.saturating_add(b.tokens),
-    )
-    .with_output_tokens(a.output_tokens.saturating_add(b.output_tokens))
-}
-
-fn sub(a: Cost, b: Cost) -> Cost {
-    Cost::new(
-        a.requests.saturating_sub(b.requests),
-        a.tokens.saturating_sub(b.tokens),
-    )
-    .with_output_tokens(a.output_tokens.saturating_sub(b.output_tokens))
-}
-
-impl Queue {
-    fn remove(&mut self, index: usize) {
-        if let Some(ticket) = self.tickets.remove(index) {
-            self.pending = sub(self.pending, ticket.cost);
-        }
-    }
-}
-
-impl Levels {
-    fn full(limits: &Limits, at: Nanos) -> Levels {
-        Levels {
-            at,
-            units: windows(limits).map(|(_, w)| w.cap()).collect(),
-        }
-    }
-
-    /// The levels at `t` (not before `self.at`), refilled.
-    fn advance(&mut self, limits: &Limits, t: Nanos) {
-        let elapsed = t.0.saturating_sub(self.at.0);
-        for ((_, w), level) in windows(limits).zip(self.units.iter_mut()) {
-            *level = w.refill(*level, elapsed);
-        }
-        self.at = self.at.max(t);
-    }
-
-    /// Nanoseconds from `self.at` until every window can pay `cost` on top of `ahead`.
-    fn wait(&self, limits: &Limits, ahead: Cost, cost: Cost) -> u64 {
-        windows(limits)
-            .zip(self.units.iter())
-            .map(|((c, w), level)| w.wait(*level - w.units(ahead.of(c)), w.units(cost.of(c))))
-            .max()
-            .unwrap_or(0)
-    }
-
-    /// Nanoseconds for every window to refill `cost` from nothing.
-    fn refill_time(&self, limits: &Limits, cost: Cost) -> u64 {
-        windows(limits)
-            .map(|(c, w)| w.wait(0, w.units(cost.of(c))))
-            .max()
-            .unwrap_or(0)
-    }
-
-    fn charge(&mut self, limits: &Limits, cost: Cost) {
-        for ((c, w), level) in windows(limits).zip(self.units.iter_mut()) {
-            *level = w.clamp(*level - w.units(cost.of(c)));
-        }
-    }
+    /// `None` until a call goes out through the HTTP gate.
+    flights: Option<Box<Flights>>,
 }
 
 impl KeyState {
@@ -408,6 +41,7 @@ impl KeyState {
             real: Levels::full(limits, now),
             paused_until: Nanos(0),
             queue: None,
+            flights: None,
         }
     }
 
@@ -422,6 +56,13 @@ impl KeyState {
 
     fn pending(&self) -> Cost {
         self.queue.as_ref().map_or(Cost::default(), |q| q.pending)
+    }
+
+    /// The levels changed other than by a ticket paying: the schedule must be rebuilt.
+    fn replan(&mut self) {
+        if let Some(queue) = self.queue.as_mut() {
+            queue.shadow = None;
+        }
     }
 
     /// Drops lapsed tickets at the head of the queue (others lapse when they reach it, or when a
@@ -442,19 +83,13 @@ impl KeyState {
     fn shadow(&mut self, limits: &Limits, now: Nanos) -> &mut Levels {
         let real = &self.real;
         let paused_until = self.paused_until;
-        let queue = self.queue.get_or_insert_with(|| {
-            Box::new(Queue {
-                tickets: VecDeque::new(),
-                pending: Cost::default(),
-                shadow: None,
-            })
-        });
+        let queue = self.queue.get_or_insert_with(|| Box::new(Queue::new()));
         queue.shadow.get_or_insert_with(|| {
             let mut shadow = real.clone();
             shadow.advance(limits, now.max(paused_until));
             for ticket in &queue.tickets {
                 let due = shadow.wait(limits, Cost::default(), ticket.cost);
-                let due = Nanos(shadow.at.0.saturating_add(due));
+                let due = Nanos(saturate(u128::from(shadow.at.0) + due));
                 shadow.advance(limits, due);
                 shadow.charge(limits, ticket.cost);
             }
@@ -509,23 +144,39 @@ impl KeyState {
         Ok(Some(Step::Admitted))
     }
 
+    /// Remembers an admitted call of `cost` as gone out at `now` when `fly` (the HTTP gate's
+    /// calls), answering its number.
+    fn went(&mut self, now: Nanos, cost: Cost, fly: bool) -> Step {
+        if !fly {
+            return Step::Admitted;
+        }
+        let flights = self.flights.get_or_insert_with(|| Box::new(Flights::new()));
+        Step::Flying {
+            flight: flights.fly(now, per_currency(cost)),
+        }
+    }
+
     /// A call arrives: admitted at once if the key can pay for it on top of every waiting
     /// ticket; else queued, unless it would be due more than `max_wait` from now (then
-    /// nothing changes and the answer says when it could pass).
+    /// nothing changes and the answer says when it could pass). With `fly`, an admitted call is
+    /// remembered as in flight.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn acquire(
         &mut self,
         limits: &Limits,
         now: Nanos,
         cost: Cost,
         max_wait: Option<Duration>,
+        fly: bool,
         lease: Duration,
         id: impl FnOnce() -> u64,
     ) -> Result<Step, BucketError> {
         if self.queue.is_none()
             && now >= self.paused_until
-            && let Some(step) = self.admit_at_once(limits, now, cost)?
+            && let Some(Step::Admitted) = self.admit_at_once(limits, now, cost)?
         {
-            return Ok(step);
+            let now = now.max(self.real.at);
+            return Ok(self.went(now, cost, fly));
         }
         validate(limits, cost)?;
         let now = self.refilled(limits, now);
@@ -536,24 +187,28 @@ impl KeyState {
             if let Some(shadow) = self.queue.as_mut().and_then(|q| q.shadow.as_mut()) {
                 shadow.charge(limits, cost);
             }
-            return Ok(Step::Admitted);
+            return Ok(self.went(now, cost, fly));
         }
         let paused_until = self.paused_until;
+        let queued = self.queue.as_ref().map_or(0, |q| q.tickets.len());
         let shadow = self.shadow(limits, now);
         let start = shadow.at.max(now).max(paused_until);
         let mut at_start = shadow.clone();
         at_start.advance(limits, start);
-        let due = Nanos(
-            start
-                .0
-                .saturating_add(at_start.wait(limits, Cost::default(), cost)),
-        );
-        if max_wait.is_some_and(|w| due.since(now) > w) {
+        // Exact, in nanoseconds from now: never shortened by the end of the clock.
+        let due_in = u128::from(start.0 - now.0) + at_start.wait(limits, Cost::default(), cost);
+        if max_wait.is_some_and(|w| due_in > w.as_nanos()) {
             if self.queue.as_ref().is_some_and(|q| q.tickets.is_empty()) {
                 self.queue = None;
             }
-            return Ok(Step::NotYet { ready: due });
+            return Ok(Step::NotYet {
+                wait: saturate(due_in),
+            });
         }
+        if queued >= MAX_QUEUE {
+            return Err(BucketError::QueueFull);
+        }
+        let due = Nanos(saturate(u128::from(now.0) + due_in));
         at_start.advance(limits, due);
         at_start.charge(limits, cost);
         *shadow = at_start;
@@ -565,24 +220,28 @@ impl KeyState {
             lease_until: due.plus(lease),
         });
         queue.pending = add(queue.pending, cost);
-        Ok(Step::Queued { id, due })
+        Ok(Step::Queued {
+            id,
+            due_in: saturate(due_in),
+        })
     }
 
     /// The holder of ticket `id` asks to pass: admitted if the key can pay for it on top of the
     /// live tickets ahead of it (which it must not delay), else told when to ask again (and its
-    /// lease is extended past then).
+    /// lease is extended past then). With `fly`, an admitted call is remembered as in flight.
     pub(crate) fn admit(
         &mut self,
         limits: &Limits,
         now: Nanos,
         id: u64,
+        fly: bool,
         lease: Duration,
     ) -> Result<Step, BucketError> {
         let now = self.refilled(limits, now);
         let Some(queue) = self.queue.as_mut() else {
             return Ok(Step::Lost);
         };
-        let Ok(mut index) = queue.tickets.binary_search_by_key(&id, |t| t.id) else {
+        let Some(mut index) = queue.find(id) else {
             return Ok(Step::Lost);
         };
         // Only the nearest tickets ahead are looked at, so that asking costs the same however
@@ -614,44 +273,44 @@ impl KeyState {
         let ticket = queue.tickets[index];
         let wait = self.real.wait(limits, ahead, ticket.cost);
         let paused = now < self.paused_until;
-        let ready = if paused {
-            self.paused_until.max(Nanos(now.0.saturating_add(wait)))
+        let ready_in = if paused {
+            u128::from(self.paused_until.0 - now.0).max(wait)
         } else if wait == 0 && !unseen {
             self.real.charge(limits, ticket.cost);
             queue.remove(index);
             if queue.tickets.is_empty() {
                 self.queue = None;
             }
-            return Ok(Step::Admitted);
+            return Ok(self.went(now, ticket.cost, fly));
         } else if unseen {
             // Calls this ticket did not look at are ahead. Guess their cost from those it saw,
             // and ask again when half of the guess has passed: a waiter deep in the line asks
             // a few times on its way to the front, not once per call ahead of it.
             let guess = scale(ahead, index as u64, 2 * SCAN_AHEAD as u64);
-            let again = self
-                .real
+            self.real
                 .wait(limits, guess, ticket.cost)
                 .max(self.real.refill_time(limits, ticket.cost))
-                .max(MS_NANOS);
-            Nanos(now.0.saturating_add(again))
+                .max(MS_NANOS)
         } else {
-            Nanos(now.0.saturating_add(wait))
+            wait
         };
+        let ready = Nanos(saturate(u128::from(now.0) + ready_in));
         let lease_until = ready.plus(lease);
         let ticket = &mut queue.tickets[index];
         ticket.lease_until = ticket.lease_until.max(lease_until);
+        let wait = saturate(ready_in);
         // In line behind calls that have yet to pass, and not held up by a pause: nothing
         // failed here, the line is just not there yet.
         if index > 0 && !paused {
-            return Ok(Step::Behind { ready });
+            return Ok(Step::Behind { wait });
         }
-        Ok(Step::NotYet { ready })
+        Ok(Step::NotYet { wait })
     }
 
     /// Gives up ticket `id`: nothing was charged for it, so nothing is given back.
     pub(crate) fn cancel(&mut self, now: Nanos, id: u64) -> Step {
         if let Some(queue) = self.queue.as_mut()
-            && let Ok(index) = queue.tickets.binary_search_by_key(&id, |t| t.id)
+            && let Some(index) = queue.find(id)
         {
             queue.remove(index);
             queue.shadow = None;
@@ -663,10 +322,10 @@ impl KeyState {
         Step::Done
     }
 
-    /// Adds `delta` to every window of each currency (positive: a refund, never above capacity;
-    /// negative: a charge that may go into debt, down to 64 bursts).
-    pub(crate) fn adjust(&mut self, limits: &Limits, now: Nanos, delta: Delta) -> Step {
-        self.refilled(limits, now);
+    /// Adds `delta` to the windows of each currency (positive: a refund, never above capacity;
+    /// negative: a charge that may go into debt, down to 64 bursts), to the real levels and to
+    /// the schedule alike.
+    fn apply(&mut self, limits: &Limits, delta: Delta) {
         let apply = |levels: &mut Levels| {
             for ((c, w), level) in windows(limits).zip(levels.units.iter_mut()) {
                 let d = delta.of(c);
@@ -677,21 +336,51 @@ impl KeyState {
         if let Some(shadow) = self.queue.as_mut().and_then(|q| q.shadow.as_mut()) {
             apply(shadow);
         }
+    }
+
+    /// Adds `delta` to every window of each currency (positive: a refund, never above capacity;
+    /// negative: a charge that may go into debt, down to 64 bursts).
+    pub(crate) fn adjust(&mut self, limits: &Limits, now: Nanos, delta: Delta) -> Step {
+        self.refilled(limits, now);
+        self.apply(limits, delta);
         Step::Done
     }
 
-    /// What a provider's 429 means: every window emptied, and nothing passes before `until`. A
-    /// longer pause already in force wins; the windows refill during the pause as always.
-    pub(crate) fn penalize(&mut self, limits: &Limits, now: Nanos, until: Nanos) -> Step {
+    /// What a provider's 429 means: the windows of the `spent` currencies emptied (what they
+    /// held is the cover of every call in flight, which the refusal counted), and nothing
+    /// passes before `until`. A longer pause already in force wins; the windows refill during
+    /// the pause as always.
+    pub(crate) fn penalize(
+        &mut self,
+        limits: &Limits,
+        now: Nanos,
+        until: Nanos,
+        spent: Currencies,
+    ) -> Step {
         self.refilled(limits, now);
-        for level in self.real.units.iter_mut() {
-            *level = (*level).min(0);
+        let mut emptied: PerCurrency<Option<u64>> = [None; 3];
+        for ((c, w), level) in windows(limits).zip(self.real.units.iter_mut()) {
+            if spent.contains(c) {
+                let held = u64::try_from(w.whole((*level).max(0))).unwrap_or(u64::MAX);
+                let slot = &mut emptied[index(c)];
+                *slot = Some(slot.map_or(held, |e| e.min(held)));
+                *level = (*level).min(0);
+            }
         }
+        let emptied = emptied.map(|e| e.unwrap_or(0));
         self.paused_until = self.paused_until.max(until);
-        if let Some(queue) = self.queue.as_mut() {
-            queue.shadow = None;
+        if let Some(flights) = self.flights.as_mut()
+            && let Some(last) = flights.list.back()
+        {
+            flights.covers = last.id;
+            for c in Currency::ALL {
+                if spent.contains(c) {
+                    flights.cover[index(c)] = emptied[index(c)];
+                }
+            }
         }
-        Step::Done
+        self.replan();
+        Step::Emptied(emptied)
     }
 
     /// Lowers every window of `currency` to at most `remaining` tokens (a provider's
@@ -709,18 +398,143 @@ impl KeyState {
         for ((c, w), level) in windows(limits).zip(self.real.units.iter_mut()) {
             if c == currency {
                 let target = w.units(remaining.min(w.rate.burst()));
-                let tokens = (*level - target).div_euclid(i128::from(w.rate.period_nanos()));
-                let tokens =
-                    i64::try_from(tokens).unwrap_or(if tokens > 0 { i64::MAX } else { i64::MIN });
+                let tokens = clamp_i64(w.whole(*level - target));
                 above = Some(above.map_or(tokens, |a| a.min(tokens)));
                 *level = (*level).min(target);
             }
         }
-        let lowered = above.unwrap_or(0);
-        if let Some(queue) = self.queue.as_mut() {
-            queue.shadow = None;
+        self.replan();
+        Step::Lowered(above.unwrap_or(0))
+    }
+
+    /// A header sync: brings the windows in line with what a provider's answer to call
+    /// `args.flight` says is left, never raising them.
+    ///
+    /// First the spending elsewhere that the gate's model says happened is charged. Then, per
+    /// currency the answer counted, each window's target is the provider's count credited with
+    /// the window's own refill since the call went out (the provider counted when the call
+    /// arrived), less what every call that went out after it was charged (they are charged
+    /// here and not yet counted there), less `margin`. A window above its target is lowered
+    /// to it. When the windows of a currency were above the count itself, what that took off
+    /// becomes the currency's cover for the calls the count held (see
+    /// [`flights`](super::flights)).
+    pub(crate) fn sync(&mut self, limits: &Limits, now: Nanos, args: &SyncArgs) -> Step {
+        let now = self.refilled(limits, now);
+        self.apply(
+            limits,
+            Delta::from_array(args.foreign.map(|t| -clamp_i64(i128::from(t)))),
+        );
+        let flights = self.flights.as_deref();
+        let found = flights.and_then(|f| f.find(args.flight).map(|i| (i, f.list[i])));
+        let (elapsed, mut unseen, ambiguous) = match (flights, found) {
+            (Some(flights), Some((i, flight))) => {
+                let (unseen, ambiguous) = flights.after(i);
+                (now.0 - flight.at.0, unseen, ambiguous)
+            }
+            // Not remembered: no time to credit, and nothing known of what went out after it.
+            _ => (0, [0; 3], true),
+        };
+        if args.refused {
+            let charged = found.map_or(per_currency(args.charged), |(_, f)| f.charged);
+            for (sum, own) in unseen.iter_mut().zip(charged) {
+                *sum = sum.saturating_add(own);
+            }
         }
-        Step::Lowered(lowered)
+        let mut above: PerCurrency<Option<i64>> = [None; 3];
+        for ((c, w), level) in windows(limits).zip(self.real.units.iter_mut()) {
+            let i = index(c);
+            let Some(remaining) = args.remaining[i] else {
+                continue;
+            };
+            let counted = w.refill(w.units(remaining.min(w.rate.burst())), elapsed);
+            let target = (counted - w.units(unseen[i])).max(0);
+            let tokens = clamp_i64(w.whole(*level - target));
+            above[i] = Some(above[i].map_or(tokens, |a| a.min(tokens)));
+            let margin = if args.margin_if_above && tokens <= 0 {
+                0
+            } else {
+                args.margin[i]
+            };
+            let target = (target - w.units(margin)).max(0);
+            *level = (*level).min(target);
+        }
+        if let (Some(flights), Some((_, flight))) = (self.flights.as_mut(), found) {
+            let mut lowered = false;
+            for (i, above) in above.iter().enumerate() {
+                if let Some(above) = *above
+                    && above > 0
+                {
+                    flights.cover[i] = above as u64;
+                    lowered = true;
+                }
+            }
+            if lowered {
+                flights.covers = flight.id;
+            }
+        }
+        self.replan();
+        Step::Synced { above, ambiguous }
+    }
+
+    /// Settles call `flight` (charged `charged`, if the key no longer remembers it) with what
+    /// it used, per currency (`None`: as charged): a refund for an overestimate; for an
+    /// underestimate, a charge, less what the cover of a sync that counted the call pays
+    /// (never more than that cover holds). With `last`, the call is done.
+    pub(crate) fn settle(
+        &mut self,
+        limits: &Limits,
+        now: Nanos,
+        flight: u64,
+        charged: Cost,
+        used: PerCurrency<Option<u64>>,
+        last: bool,
+    ) -> Step {
+        let now = self.refilled(limits, now);
+        let mut flights = self.flights.as_mut();
+        let found = flights.as_ref().and_then(|f| f.find(flight));
+        let mut was = per_currency(charged);
+        let mut coverable = false;
+        if let (Some(flights), Some(i)) = (&flights, found) {
+            was = flights.list[i].charged;
+            coverable = flights.list[i].id <= flights.covers;
+        }
+        let mut delta = [0i64; 3];
+        for c in Currency::ALL {
+            let i = index(c);
+            let Some(used) = used[i] else {
+                continue;
+            };
+            if limits.of(c).is_empty() {
+                continue;
+            }
+            let difference = i128::from(was[i]) - i128::from(used);
+            delta[i] = if difference >= 0 {
+                clamp_i64(difference)
+            } else {
+                let shortfall = u64::try_from(-difference).unwrap_or(u64::MAX);
+                let covered = match flights.as_deref_mut() {
+                    Some(flights) if coverable => {
+                        let covered = shortfall.min(flights.cover[i]);
+                        flights.cover[i] -= covered;
+                        covered
+                    }
+                    _ => 0,
+                };
+                -clamp_i64(i128::from(shortfall - covered))
+            };
+            if let (Some(flights), Some(f)) = (flights.as_deref_mut(), found) {
+                flights.list[f].charged[i] = used;
+            }
+        }
+        if last && let (Some(flights), Some(f)) = (flights, found) {
+            flights.list[f].done = true;
+            flights.prune(now);
+            if flights.list.is_empty() {
+                self.flights = None;
+            }
+        }
+        self.apply(limits, Delta::from_array(delta));
+        Step::Settled(delta)
     }
 
     /// What every window holds at `now`.
@@ -732,7 +546,7 @@ impl KeyState {
                 Available::new(
                     currency,
                     w.rate,
-                    Tokens::from_units(w.refill(*level, elapsed), w.rate.period_nanos()),
+                    super::Amount::from_units(w.refill(*level, elapsed), w.rate.period_nanos()),
                 )
             })
             .collect()
@@ -745,15 +559,20 @@ impl KeyState {
     }
 
     /// True when the state says nothing a fresh one wouldn't: every window full at `now`, no
-    /// pause, nobody waiting. Such a key may be forgotten.
+    /// pause, nobody waiting, no call in flight. Such a key may be forgotten.
     pub(crate) fn is_idle(&self, limits: &Limits, now: Nanos) -> bool {
         let elapsed = now.0.saturating_sub(self.real.at.0);
         self.queue.is_none()
+            && self.flights.is_none()
             && now >= self.paused_until
             && windows(limits)
                 .zip(self.real.units.iter())
                 .all(|((_, w), level)| w.refill(*level, elapsed) >= w.cap())
     }
+}
+
+fn clamp_i64(value: i128) -> i64 {
+    i64::try_from(value).unwrap_or(if value > 0 { i64::MAX } else { i64::MIN })
 }
 
 #[cfg(test)]
@@ -783,38 +602,36 @@ mod tests {
         let big = Cost::new(0, 10);
         let small = Cost::new(0, 1);
         assert_eq!(
-            state.acquire(&l, Nanos(0), Cost::new(0, 9), None, LEASE, &mut id),
+            state.acquire(&l, Nanos(0), Cost::new(0, 9), None, false, LEASE, &mut id),
             Ok(Step::Admitted)
         );
         // 1 token left: the big call is due when 10 exist, at 0.9 s.
         assert_eq!(
-            state.acquire(&l, Nanos(0), big, None, LEASE, &mut id),
+            state.acquire(&l, Nanos(0), big, None, false, LEASE, &mut id),
             Ok(Step::Queued {
                 id: 1,
-                due: Nanos(900 * MS)
+                due_in: 900 * MS
             })
         );
         // The token that exists now is promised: the small call queues behind, due at 1.0 s.
         assert_eq!(
-            state.acquire(&l, Nanos(0), small, None, LEASE, &mut id),
+            state.acquire(&l, Nanos(0), small, None, false, LEASE, &mut id),
             Ok(Step::Queued {
                 id: 2,
-                due: Nanos(1_000 * MS)
+                due_in: 1_000 * MS
             })
         );
         // Asking early changes nothing but says when to come back.
         assert_eq!(
-            state.admit(&l, Nanos(500 * MS), 1, LEASE),
-            Ok(Step::NotYet {
-                ready: Nanos(900 * MS)
-            })
+            state.admit(&l, Nanos(500 * MS), 1, false, LEASE),
+            Ok(Step::NotYet { wait: 400 * MS })
         );
         assert_eq!(
-            state.admit(&l, Nanos(900 * MS), 1, LEASE),
+            state.admit(&l, Nanos(900 * MS), 1, false, LEASE),
             Ok(Step::Admitted)
         );
         assert_eq!(
-            state.admit(&l, Nanos(1_000 * MS), 2, LEASE),
+            state.admit(&l, Nanos(1_000 * MS), 2, false, LEASE),
             Ok(Step::Admitted)
         );
         assert_eq!(state.queued(), 0);
@@ -827,23 +644,23 @@ mod tests {
         let mut id = ids();
         let call = Cost::call(0);
         assert_eq!(
-            state.acquire(&l, Nanos(0), call, None, LEASE, &mut id),
+            state.acquire(&l, Nanos(0), call, None, false, LEASE, &mut id),
             Ok(Step::Admitted)
         );
         let Ok(Step::Queued { id: ticket, .. }) =
-            state.acquire(&l, Nanos(0), call, None, LEASE, &mut id)
+            state.acquire(&l, Nanos(0), call, None, false, LEASE, &mut id)
         else {
             panic!("expected a ticket")
         };
         state.cancel(Nanos(300 * MS), ticket);
         assert!(state.snapshot(&l, Nanos(300 * MS))[0].tokens.is(3, 10));
         assert_eq!(
-            state.admit(&l, Nanos(2_000 * MS), ticket, LEASE),
+            state.admit(&l, Nanos(2_000 * MS), ticket, false, LEASE),
             Ok(Step::Lost)
         );
         // With the queue empty, the next call is due at once when the token exists.
         assert_eq!(
-            state.acquire(&l, Nanos(1_000 * MS), call, None, LEASE, &mut id),
+            state.acquire(&l, Nanos(1_000 * MS), call, None, false, LEASE, &mut id),
             Ok(Step::Admitted)
         );
     }
@@ -854,27 +671,27 @@ mod tests {
         let mut state = KeyState::new(&l, Nanos(0));
         let mut id = ids();
         state
-            .acquire(&l, Nanos(0), Cost::new(0, 10), None, LEASE, &mut id)
+            .acquire(&l, Nanos(0), Cost::new(0, 10), None, false, LEASE, &mut id)
             .unwrap();
         // Two tickets: the first (due 1 s) is never claimed; the second is due at 1.5 s.
         state
-            .acquire(&l, Nanos(0), Cost::new(0, 10), None, LEASE, &mut id)
+            .acquire(&l, Nanos(0), Cost::new(0, 10), None, false, LEASE, &mut id)
             .unwrap();
         assert_eq!(
-            state.acquire(&l, Nanos(0), Cost::new(0, 5), None, LEASE, &mut id),
+            state.acquire(&l, Nanos(0), Cost::new(0, 5), None, false, LEASE, &mut id),
             Ok(Step::Queued {
                 id: 2,
-                due: Nanos(1_500 * MS)
+                due_in: 1_500 * MS
             })
         );
         // At 1.5 s the dead ticket still holds its 10 tokens: the second must wait, behind it.
         assert!(matches!(
-            state.admit(&l, Nanos(1_500 * MS), 2, LEASE),
+            state.admit(&l, Nanos(1_500 * MS), 2, false, LEASE),
             Ok(Step::Behind { .. })
         ));
         // Its lease (1 s past its due) runs out at 2 s: then the second passes.
         assert_eq!(
-            state.admit(&l, Nanos(2_000 * MS + 1), 2, LEASE),
+            state.admit(&l, Nanos(2_000 * MS + 1), 2, false, LEASE),
             Ok(Step::Admitted)
         );
         assert_eq!(state.queued(), 0);
@@ -887,39 +704,33 @@ mod tests {
         let mut id = ids();
         let call = Cost::call(0);
         state
-            .acquire(&l, Nanos(0), call, None, LEASE, &mut id)
+            .acquire(&l, Nanos(0), call, None, false, LEASE, &mut id)
             .unwrap();
         for (ticket, due) in [(1, 100), (2, 200)] {
             assert_eq!(
-                state.acquire(&l, Nanos(0), call, None, LEASE, &mut id),
+                state.acquire(&l, Nanos(0), call, None, false, LEASE, &mut id),
                 Ok(Step::Queued {
                     id: ticket,
-                    due: Nanos(due * MS)
+                    due_in: due * MS
                 })
             );
         }
         // The head of the line asking early is not behind anyone.
         assert_eq!(
-            state.admit(&l, Nanos(50 * MS), 1, LEASE),
-            Ok(Step::NotYet {
-                ready: Nanos(100 * MS)
-            })
+            state.admit(&l, Nanos(50 * MS), 1, false, LEASE),
+            Ok(Step::NotYet { wait: 50 * MS })
         );
         // Ticket 2 is due at 200 ms, but ticket 1 has not come: were it to pass now, ticket 2
         // could pass one refill later.
         assert_eq!(
-            state.admit(&l, Nanos(200 * MS), 2, LEASE),
-            Ok(Step::Behind {
-                ready: Nanos(300 * MS)
-            })
+            state.admit(&l, Nanos(200 * MS), 2, false, LEASE),
+            Ok(Step::Behind { wait: 100 * MS })
         );
         // Nor is a ticket held up by a pause, even with calls ahead of it.
-        state.penalize(&l, Nanos(200 * MS), Nanos(1_000 * MS));
+        state.penalize(&l, Nanos(200 * MS), Nanos(1_000 * MS), Currencies::ALL);
         assert_eq!(
-            state.admit(&l, Nanos(200 * MS), 2, LEASE),
-            Ok(Step::NotYet {
-                ready: Nanos(1_000 * MS)
-            })
+            state.admit(&l, Nanos(200 * MS), 2, false, LEASE),
+            Ok(Step::NotYet { wait: 800 * MS })
         );
     }
 
@@ -930,7 +741,7 @@ mod tests {
         let mut id = ids();
         let call = Cost::call(0);
         state
-            .acquire(&l, Nanos(0), call, None, LEASE, &mut id)
+            .acquire(&l, Nanos(0), call, None, false, LEASE, &mut id)
             .unwrap();
         assert_eq!(
             state.acquire(
@@ -938,12 +749,11 @@ mod tests {
                 Nanos(0),
                 call,
                 Some(Duration::from_secs(10)),
+                false,
                 LEASE,
                 &mut id
             ),
-            Ok(Step::NotYet {
-                ready: Nanos(60_000 * MS)
-            })
+            Ok(Step::NotYet { wait: 60_000 * MS })
         );
         assert_eq!(state.queued(), 0);
         assert!(state.queue.is_none());
@@ -959,6 +769,7 @@ mod tests {
                 Nanos(0),
                 Cost::call(0),
                 Some(Duration::ZERO),
+                false,
                 LEASE,
                 || 1
             ),
@@ -1001,9 +812,103 @@ mod tests {
             Nanos(u64::MAX),
             Cost::new(0, u64::MAX),
             None,
+            false,
             LEASE,
             || 1,
         );
         assert_eq!(waited, Ok(Step::Admitted));
+    }
+
+    #[test]
+    fn at_the_end_of_the_clock_a_call_that_may_not_wait_is_never_queued() {
+        let l = limits("1/s", "");
+        let mut state = KeyState::new(&l, Nanos(u64::MAX - 1));
+        let mut id = ids();
+        let end = Nanos(u64::MAX);
+        assert_eq!(
+            state.acquire(
+                &l,
+                end,
+                Cost::call(0),
+                Some(Duration::ZERO),
+                false,
+                LEASE,
+                &mut id
+            ),
+            Ok(Step::Admitted)
+        );
+        // The next token exists a second after the end of the clock: not now, and no ticket.
+        assert_eq!(
+            state.acquire(
+                &l,
+                end,
+                Cost::call(0),
+                Some(Duration::ZERO),
+                false,
+                LEASE,
+                &mut id
+            ),
+            Ok(Step::NotYet { wait: 1_000 * MS })
+        );
+        assert_eq!(state.queued(), 0);
+    }
+
+    #[test]
+    fn a_wait_beyond_the_clock_is_never_hinted_shorter_than_it_is() {
+        // One token a year: after the burst, the next is a year away, 10^16 nanoseconds and
+        // more; from 2^64 - 1 ns, far past the end of the clock.
+        let l = limits("1/365d", "");
+        let mut state = KeyState::new(&l, Nanos(u64::MAX));
+        let mut id = ids();
+        let end = Nanos(u64::MAX);
+        assert!(matches!(
+            state.acquire(
+                &l,
+                end,
+                Cost::call(0),
+                Some(Duration::ZERO),
+                false,
+                LEASE,
+                &mut id
+            ),
+            Ok(Step::Admitted)
+        ));
+        let year = 365 * 86_400 * 1_000 * MS;
+        assert_eq!(
+            state.acquire(
+                &l,
+                end,
+                Cost::call(0),
+                Some(Duration::ZERO),
+                false,
+                LEASE,
+                &mut id
+            ),
+            Ok(Step::NotYet { wait: year })
+        );
+        // Two years of debt: the exact wait passes 2^64 ns only with a long enough debt, so
+        // take the window 64 bursts into debt on a rate whose refill is one unit a period.
+        let slow = limits("", "1/365d burst 1000000000");
+        let mut state = KeyState::new(&slow, Nanos(u64::MAX));
+        state.adjust(
+            &slow,
+            Nanos(u64::MAX),
+            Delta {
+                tokens: i64::MIN,
+                ..Delta::default()
+            },
+        );
+        assert_eq!(
+            state.acquire(
+                &slow,
+                end,
+                Cost::new(0, 1),
+                Some(Duration::ZERO),
+                false,
+                LEASE,
+                &mut id
+            ),
+            Ok(Step::NotYet { wait: u64::MAX })
+        );
     }
 }

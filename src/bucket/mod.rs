@@ -1,0 +1,417 @@
+//! A key's rule book: exact, pure, with time passed in. Every store keeps its keys by these
+//! rules: the memory store calls them, and the Redis script is a port of them checked against
+//! them by a differential test.
+//!
+//! - [`window`]: one window's arithmetic. A window of rate `N/P burst B` holds `T` tokens at
+//!   its last update and follows `T = min(B, T + (N/P)·elapsed)`; a cost `c` is admitted only
+//!   when `T ≥ c`.
+//! - [`queue`]: the tickets of the calls that wait, in arrival order, and the shadow schedule
+//!   that says when each is due.
+//! - [`flights`]: the calls that went out through the HTTP gate and have not settled yet,
+//!   which a header sync needs to read the provider's count.
+//! - [`state`]: the key's transitions, all or nothing.
+//!
+//! # Exactness
+//!
+//! Tokens are kept in *units* of `1/P` of a token, where `P` is the period in nanoseconds. One
+//! nanosecond then refills exactly `N` units, a token is exactly `P` units, and every quantity
+//! is an integer: `0.25 s` at `2/s` is `2 · 250_000_000 = 500_000_000` units, exactly half of
+//! `P = 1_000_000_000`. Levels live in an `i128`; the grammar keeps `B · P` below 2^120, and
+//! debt stops at 64 bursts, so nothing here can overflow. Every decision is the one exact
+//! rational arithmetic gives, and every hint is the exact number of nanoseconds (rounded up)
+//! until the tokens exist, saturated at `u64::MAX` nanoseconds (never shorter than the wait).
+//!
+//! # Arrival order
+//!
+//! A call that can't pass at once takes a *ticket*: its place in the key's queue, with the
+//! instant it is *due* (when the key can pay for it after every ticket ahead of it has paid,
+//! computed on a *shadow* copy of the levels that runs ahead of the real ones). Tickets hold no
+//! tokens: the real levels are charged only when a ticket is admitted, so the window bound is
+//! the bucket's own, and a ticket given up (a dropped wait) is simply removed. A newcomer passes
+//! at once only if the key can pay for it *and* for every ticket waiting, so no later call
+//! delays an earlier one. A ticket whose holder stops asking for it (a process that died) lapses
+//! after its lease.
+//!
+//! Nothing here reads a clock or does I/O; the stores call it with the time they trust.
+
+use std::time::Duration;
+
+use crate::cost::Cost;
+use crate::rate::{Currency, Limits, Rate};
+
+pub(crate) mod flights;
+pub(crate) mod queue;
+pub(crate) mod state;
+pub(crate) mod window;
+
+pub(crate) use state::KeyState;
+
+/// How many bursts of debt a window may carry (settling large underestimates): enough for any
+/// honest correction, and small enough that every quantity stays far inside an `i128` (and, in
+/// the Redis script, below 2^53).
+pub(crate) const DEBT_BURSTS: i128 = 64;
+
+/// How many of the tickets ahead of it an asking ticket looks at.
+pub(crate) const SCAN_AHEAD: usize = 32;
+
+/// The longest queue a key may have (rebuilding the shadow replays all of it).
+pub(crate) const MAX_QUEUE: usize = 100_000;
+
+/// The most calls in flight a key remembers; beyond it the oldest is forgotten (as if it had
+/// lapsed).
+pub(crate) const MAX_FLIGHTS: usize = 10_000;
+
+/// How long a call in flight is remembered without settling (a process that died with calls
+/// out): longer than any answer a provider takes.
+pub(crate) const FLIGHT_LEASE: Duration = Duration::from_secs(600);
+
+/// How far apart two calls must have gone out for the later to be taken as unseen by the
+/// provider when it answered the earlier: calls sent closer together may reach it in either
+/// order. Taking one as seen when it was not lowers the windows too little, which the next
+/// answer corrects; the other way round would lower them for good.
+pub(crate) const SEND_SKEW: Duration = Duration::from_millis(20);
+
+/// A point in time, in nanoseconds since the origin of the clock that produced it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub(crate) struct Nanos(pub(crate) u64);
+
+impl Nanos {
+    pub(crate) fn from_duration(duration: Duration) -> Nanos {
+        Nanos(u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    pub(crate) fn as_duration(self) -> Duration {
+        Duration::from_nanos(self.0)
+    }
+
+    pub(crate) fn plus(self, by: Duration) -> Nanos {
+        Nanos(self.0.saturating_add(Nanos::from_duration(by).0))
+    }
+
+}
+
+/// Nanoseconds as a `u64`, saturated: a hint is never shorter than the true wait.
+pub(crate) fn saturate(nanos: u128) -> u64 {
+    u64::try_from(nanos).unwrap_or(u64::MAX)
+}
+
+/// An exact amount of tokens: `units / scale`, where `scale` is the period in nanoseconds (or,
+/// on Redis, the period in milliseconds reduced by a common factor).
+///
+/// ```
+/// use tollgate::Amount;
+///
+/// let half = Amount::from_units(500_000_000, 1_000_000_000);
+/// assert!(half.is(1, 2));
+/// assert_eq!(half.whole(), 0);
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Amount {
+    units: i128,
+    scale: u64,
+}
+
+impl Amount {
+    /// `units / scale` tokens (`scale` must be positive; 0 is read as 1).
+    pub fn from_units(units: i128, scale: u64) -> Amount {
+        Amount {
+            units,
+            scale: scale.max(1),
+        }
+    }
+
+    /// The numerator over [`scale`](Amount::scale).
+    pub fn units(&self) -> i128 {
+        self.units
+    }
+
+    /// The denominator: units per token.
+    pub fn scale(&self) -> u64 {
+        self.scale
+    }
+
+    /// Whole tokens, rounded down (negative when the window is in debt).
+    pub fn whole(&self) -> i128 {
+        self.units.div_euclid(i128::from(self.scale))
+    }
+
+    /// True when the amount is exactly `numerator / denominator` tokens.
+    pub fn is(&self, numerator: i128, denominator: u64) -> bool {
+        // Widen through checked multiplication, so that an overflow reads as "not equal"
+        // instead of wrapping.
+        match (
+            self.units.checked_mul(i128::from(denominator)),
+            numerator.checked_mul(i128::from(self.scale)),
+        ) {
+            (Some(a), Some(b)) => a == b,
+            _ => false,
+        }
+    }
+
+    /// The amount as a float, for display only.
+    pub fn as_f64(&self) -> f64 {
+        self.units as f64 / self.scale as f64
+    }
+}
+
+impl PartialEq for Amount {
+    fn eq(&self, other: &Amount) -> bool {
+        self.is(other.units, other.scale)
+    }
+}
+
+impl PartialOrd for Amount {
+    fn partial_cmp(&self, other: &Amount) -> Option<std::cmp::Ordering> {
+        let a = self.units.checked_mul(i128::from(other.scale))?;
+        let b = other.units.checked_mul(i128::from(self.scale))?;
+        Some(a.cmp(&b))
+    }
+}
+
+impl std::fmt::Display for Amount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.as_f64())
+    }
+}
+
+/// What one window holds at an instant.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Available {
+    /// The currency of the window.
+    pub currency: Currency,
+    /// The window.
+    pub rate: Rate,
+    /// What it holds (negative in debt).
+    pub tokens: Amount,
+}
+
+impl Available {
+    pub(crate) fn new(currency: Currency, rate: Rate, tokens: Amount) -> Available {
+        Available {
+            currency,
+            rate,
+            tokens,
+        }
+    }
+}
+
+/// What every window of a key holds at an instant, read by currency.
+///
+/// ```
+/// use tollgate::{Cost, Currency, Limiter, Limits};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tollgate::Error> {
+/// let limiter = Limiter::builder("k", Limits::parse("60/m", "1000/m; 20000/d")?).build()?;
+/// limiter.acquire(Cost::call(300)).await?;
+/// let snapshot = limiter.snapshot().await?;
+/// assert_eq!(snapshot.requests().unwrap().whole(), 59);
+/// // The least any token window holds: what a call can pay now.
+/// assert_eq!(snapshot.tokens().unwrap().whole(), 700);
+/// assert_eq!(snapshot.of(Currency::Tokens).count(), 2);
+/// assert!(snapshot.output_tokens().is_none());
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot(Vec<Available>);
+
+impl Snapshot {
+    pub(crate) fn new(windows: Vec<Available>) -> Snapshot {
+        Snapshot(windows)
+    }
+
+    /// Every window, in the order of [`Limits::windows`].
+    pub fn windows(&self) -> &[Available] {
+        &self.0
+    }
+
+    /// The windows of `currency`.
+    pub fn of(&self, currency: Currency) -> impl Iterator<Item = &Available> {
+        self.0.iter().filter(move |a| a.currency == currency)
+    }
+
+    /// The least any window of `currency` holds (what a call can pay in it now), or `None`
+    /// when the key has no window of it.
+    pub fn least(&self, currency: Currency) -> Option<Amount> {
+        self.of(currency)
+            .map(|a| a.tokens)
+            .reduce(|a, b| if b < a { b } else { a })
+    }
+
+    /// [`least`](Snapshot::least) of the request windows.
+    pub fn requests(&self) -> Option<Amount> {
+        self.least(Currency::Requests)
+    }
+
+    /// [`least`](Snapshot::least) of the token windows.
+    pub fn tokens(&self) -> Option<Amount> {
+        self.least(Currency::Tokens)
+    }
+
+    /// [`least`](Snapshot::least) of the output-token windows.
+    pub fn output_tokens(&self) -> Option<Amount> {
+        self.least(Currency::OutputTokens)
+    }
+}
+
+impl<'a> IntoIterator for &'a Snapshot {
+    type Item = &'a Available;
+    type IntoIter = std::slice::Iter<'a, Available>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+/// Input the arithmetic refuses. None of these changes any state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum BucketError {
+    /// A cost of zero in every currency: a call always pays something.
+    ZeroCost,
+    /// A cost larger than a window's burst: no amount of waiting could admit it.
+    CostExceedsCapacity {
+        currency: Currency,
+        rate: Rate,
+        cost: u64,
+    },
+    /// The key's queue holds [`MAX_QUEUE`] tickets already.
+    QueueFull,
+}
+
+/// Checks a cost against the windows, before any time is involved: a cost of zero in every
+/// currency, or above some window's burst, is refused.
+pub(crate) fn validate(limits: &Limits, cost: Cost) -> Result<(), BucketError> {
+    if cost.is_zero() {
+        return Err(BucketError::ZeroCost);
+    }
+    for (currency, rate) in limits.windows() {
+        let amount = cost.of(currency);
+        if amount > rate.burst() {
+            return Err(BucketError::CostExceedsCapacity {
+                currency,
+                rate: *rate,
+                cost: amount,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A count per currency, in the order of [`Currency::ALL`].
+pub(crate) type PerCurrency<T> = [T; 3];
+
+/// The index of `currency` in a [`PerCurrency`].
+pub(crate) fn index(currency: Currency) -> usize {
+    match currency {
+        Currency::Requests => 0,
+        Currency::Tokens => 1,
+        Currency::OutputTokens => 2,
+    }
+}
+
+/// A cost as a count per currency.
+pub(crate) fn per_currency(cost: Cost) -> PerCurrency<u64> {
+    [cost.requests, cost.tokens, cost.output_tokens]
+}
+
+/// The answer of one step of a key's state machine. Durations are nanoseconds from the
+/// instant of the step, saturated at `u64::MAX`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Charged; the call may go.
+    Admitted,
+    /// Charged, and remembered as a call in flight with this number (see [`flights`]).
+    Flying { flight: u64 },
+    /// Queued behind earlier calls: ticket `id`, due in `due_in`.
+    Queued { id: u64, due_in: u64 },
+    /// Nothing charged, nothing queued: the call could pass in `wait`.
+    NotYet { wait: u64 },
+    /// The ticket waits for calls ahead of it that have not passed yet; if they passed now,
+    /// it could pass in `wait`.
+    Behind { wait: u64 },
+    /// The ticket is gone (it lapsed or was cancelled).
+    Lost,
+    /// Done (adjustments, cancellations).
+    Done,
+    /// Lowered: how many whole tokens the window of the currency closest to the remaining
+    /// count held above it (negative: below, and nothing was lowered there).
+    Lowered(i64),
+    /// A penalty emptied, per currency, this many whole tokens (the least any window of the
+    /// currency held above zero).
+    Emptied(PerCurrency<u64>),
+    /// A sync: per currency it read, how many whole tokens the closest window held above the
+    /// provider's count (less the calls it had not seen, plus the refill since it counted);
+    /// and whether the count was ambiguous (another call went out within [`SEND_SKEW`] of the
+    /// answered one, or the answered call is not remembered).
+    Synced {
+        above: PerCurrency<Option<i64>>,
+        ambiguous: bool,
+    },
+    /// A settlement: what was added to the windows of each currency (positive: a refund;
+    /// negative: a charge).
+    Settled(PerCurrency<i64>),
+}
+
+/// Tokens to add to (or, negative, take from) the windows of each currency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Delta {
+    pub(crate) requests: i64,
+    pub(crate) tokens: i64,
+    pub(crate) output_tokens: i64,
+}
+
+impl Delta {
+    pub(crate) fn of(&self, currency: Currency) -> i64 {
+        match currency {
+            Currency::Requests => self.requests,
+            Currency::Tokens => self.tokens,
+            Currency::OutputTokens => self.output_tokens,
+        }
+    }
+
+    pub(crate) fn from_array(delta: PerCurrency<i64>) -> Delta {
+        Delta {
+            requests: delta[0],
+            tokens: delta[1],
+            output_tokens: delta[2],
+        }
+    }
+}
+
+/// What a header sync brings ([`Op::Sync`](crate::store::Op::Sync)): the provider's counts,
+/// read from the answer to one call in flight. Per-currency fields are in the order of
+/// [`Currency::ALL`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct SyncArgs {
+    /// The call whose answer carried the counts
+    /// ([`Outcome::Flying`](crate::store::Outcome::Flying)).
+    pub flight: u64,
+    /// What the call was charged, in case the key no longer remembers it.
+    pub charged: Cost,
+    /// The provider's `remaining`, per currency (`None`: not said).
+    pub remaining: [Option<u64>; 3],
+    /// Spending elsewhere to charge first, per currency (the gate's model of it).
+    pub foreign: [u64; 3],
+    /// How far below the provider's count to leave each currency.
+    pub margin: [u64; 3],
+    /// True: the margin applies only where the windows were found above the count.
+    pub margin_if_above: bool,
+    /// The answer was a 429: the call was charged here and not there.
+    pub refused: bool,
+}
+
+impl SyncArgs {
+    /// A sync of the counts in `remaining` from the answer to call `flight`, charged
+    /// `charged`, with no foreign spending, no margin, and not refused.
+    pub fn new(flight: u64, charged: Cost, remaining: [Option<u64>; 3]) -> SyncArgs {
+        SyncArgs {
+            flight,
+            charged,
+            remaining,
+            ..SyncArgs::default()
+        }
+    }
+}
