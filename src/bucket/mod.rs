@@ -87,7 +87,6 @@ impl Nanos {
     pub(crate) fn plus(self, by: Duration) -> Nanos {
         Nanos(self.0.saturating_add(Nanos::from_duration(by).0))
     }
-
 }
 
 /// Nanoseconds as a `u64`, saturated: a hint is never shorter than the true wait.
@@ -397,8 +396,9 @@ pub struct SyncArgs {
     pub foreign: [u64; 3],
     /// How far below the provider's count to leave each currency.
     pub margin: [u64; 3],
-    /// True: the margin applies only where the windows were found above the count.
-    pub margin_if_above: bool,
+    /// Per currency, true: the margin applies only where a window was found above the count,
+    /// and the count was not ambiguous.
+    pub margin_if_above: [bool; 3],
     /// The answer was a 429: the call was charged here and not there.
     pub refused: bool,
 }

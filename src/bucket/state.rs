@@ -450,7 +450,9 @@ impl KeyState {
             let target = (counted - w.units(unseen[i])).max(0);
             let tokens = clamp_i64(w.whole(*level - target));
             above[i] = Some(above[i].map_or(tokens, |a| a.min(tokens)));
-            let margin = if args.margin_if_above && tokens <= 0 {
+            // A margin held ready for spending elsewhere applies only where a clear count
+            // shows the windows above it.
+            let margin = if args.margin_if_above[i] && (tokens <= 0 || ambiguous) {
                 0
             } else {
                 args.margin[i]

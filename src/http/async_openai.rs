@@ -78,10 +78,13 @@ where
                 let request = factory.build().await?;
                 (head_of(&request), bytes_of(&request))
             };
+            // Every attempt shares the deadline of the first admission.
+            let started = tokio::time::Instant::now();
+            let deadline = gate.deadline();
             let mut attempt = 0;
             loop {
                 let mut call = gate
-                    .admit(&head, &bytes)
+                    .admit_until(&head, &bytes, deadline)
                     .await
                     .map_err(|e| told(e.into()))?;
                 if attempt > 0 {
@@ -91,7 +94,7 @@ where
                 }
                 call.sending();
                 let response = inner.call(factory.clone()).await.map_err(Into::into)?;
-                match after(&gate, call, response, attempt, true)
+                match after(&gate, call, response, attempt, true, deadline, started)
                     .await
                     .map_err(told)?
                 {

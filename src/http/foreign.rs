@@ -1,15 +1,23 @@
 //! Spending this process does not see: another program, a notebook or a colleague's script on
 //! the same quota. Each header sync tells how much the key's windows held beyond what the
-//! provider said was left; that shortfall, over the time since the last sync, is a rate of
-//! foreign spending. The model keeps charging the key at that rate between syncs (so that a
-//! call waiting for its turn waits as long as the provider would make it), and each sync
-//! corrects the rate by what it still missed.
+//! provider said was left, once the refill since the provider counted and every process's
+//! calls it had not seen yet are accounted for (the store does both, see `Op::Sync`); what is
+//! still missing, over the time since the last sync, is a rate of foreign spending. The model
+//! keeps charging the key at that rate between syncs (so that a call waiting for its turn waits
+//! as long as the provider would make it), and each sync corrects the rate by what it still
+//! missed.
+//!
+//! In a fleet every process keeps a model of its own and charges the shared windows: each
+//! measures what the windows missed after the others' charges, so together they charge what
+//! the neighbour spends, not that many times over.
 
 use std::sync::{Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::Currencies;
+use crate::bucket::index;
 use crate::{Currency, Limiter};
 
 /// How long the estimate remembers: spending is averaged with weights that halve about every
@@ -33,14 +41,6 @@ const MARGIN: u64 = 25;
 /// stopped can't correct it any other way.
 const STALE: Duration = Duration::from_secs(1);
 
-fn index(currency: Currency) -> usize {
-    match currency {
-        Currency::Requests => 0,
-        Currency::Tokens => 1,
-        Currency::OutputTokens => 2,
-    }
-}
-
 #[derive(Debug)]
 struct Model {
     /// Tokens a second spent elsewhere, per currency.
@@ -50,11 +50,9 @@ struct Model {
     span: [f64; 3],
     /// Charged by the model since the last sync.
     charged: [f64; 3],
-    /// How far above the provider's count the windows were left by the last sync (never
-    /// positive: a sync lowers what is above).
+    /// Where the last sync left the windows, against the provider's count (never positive:
+    /// a sync lowers what is above, and a margin leaves them below).
     gap: [f64; 3],
-    /// The provider's count (less the calls it had not seen) at the last sync.
-    target: [f64; 3],
     /// When each currency was last synced.
     synced: [Option<Instant>; 3],
     /// Fractions of a token charged for but not yet taken.
@@ -81,7 +79,6 @@ impl Default for Foreign {
                 span: [0.0; 3],
                 charged: [0.0; 3],
                 gap: [0.0; 3],
-                target: [0.0; 3],
                 synced: [None; 3],
                 owed: [0.0; 3],
                 elsewhere: [None; 3],
@@ -98,8 +95,8 @@ impl Foreign {
     }
 
     /// The whole tokens per currency owed from the last charge until a little ahead of now,
-    /// taken off the books.
-    fn due(&self) -> [u64; 3] {
+    /// taken off the books (a sync charges them first).
+    pub(super) fn due(&self) -> [u64; 3] {
         let mut model = self.model();
         let through = Instant::now() + LEAD;
         let elapsed = through
@@ -129,19 +126,21 @@ impl Foreign {
         Ok(())
     }
 
-    /// A sync of `currency` found the windows `above` tokens above what the provider said
-    /// was left (negative: below): what was spent elsewhere since the last sync is what the
-    /// model charged meanwhile plus how much that gap grew since the last sync left it. The rate is the decayed average of that spending over
-    /// time, between 0 and `most` (the currency's refill rate: nobody spends faster for long).
-    /// Answers true when a charger should be started.
+    /// A sync of `currency` found the windows `above` tokens above the provider's count
+    /// (negative: below), and left them `gap` from it: what was spent elsewhere since the last
+    /// sync is what the model charged meanwhile plus how much further above the count the
+    /// windows were than the last sync left them. The rate is the decayed average of that
+    /// spending over time, between 0 and `most` (the currency's refill rate: nobody spends
+    /// faster for long). Answers true when a charger should be started.
     ///
-    /// A sync that can't be read (calls in flight that the provider may or may not have
-    /// counted: not `clear`) still starts the next interval, and its own is left out.
+    /// A sync that can't be read (another call went out too close to the answered one to tell
+    /// whether the provider counted it: not `clear`) still starts the next interval, and its
+    /// own is left out.
     pub(super) fn synced(
         &self,
         currency: Currency,
         above: i64,
-        target: u64,
+        gap: i64,
         most: f64,
         clear: bool,
     ) -> bool {
@@ -175,8 +174,7 @@ impl Foreign {
             model.charged[i] = 0.0;
         }
         model.synced[i] = Some(now);
-        model.gap[i] = (above as f64).min(0.0);
-        model.target[i] = target as f64;
+        model.gap[i] = gap as f64;
         let start = !model.charger && model.rate.iter().any(|&r| r > 0.0);
         if start {
             model.charger = true;
@@ -184,14 +182,16 @@ impl Foreign {
         start
     }
 
-    /// A 429 emptied the windows, which the last sync had left `gap` from the provider's
-    /// count of `target`: they are now that count below it, and the next sync measures from
-    /// there.
-    pub(super) fn penalized(&self) {
+    /// A 429 emptied the windows of the `spent` currencies: where they stand against the
+    /// provider's count is no longer known, so the next sync of each starts a new interval.
+    pub(super) fn penalized(&self, spent: Currencies) {
         let mut model = self.model();
-        for i in 0..3 {
-            let held = model.target[i] + model.gap[i];
-            model.gap[i] -= held.max(0.0);
+        for currency in Currency::ALL {
+            if spent.contains(currency) {
+                let i = index(currency);
+                model.synced[i] = None;
+                model.charged[i] = 0.0;
+            }
         }
     }
 
@@ -199,15 +199,20 @@ impl Foreign {
     /// tightest window holds `capacity`): while spending elsewhere is estimated, the estimate
     /// is never exact, and a call admitted the moment its tokens exist here must find them
     /// there too. Nothing while no such spending is seen (in the last few seconds).
-    pub(super) fn margin(&self, currency: Currency, capacity: u64) -> u64 {
+    ///
+    /// Answers the margin, and whether it applies only where the sync finds the windows above
+    /// the count: before any spending elsewhere is seen, the margin is held ready for the
+    /// first sync that finds it.
+    pub(super) fn margin(&self, currency: Currency, capacity: u64) -> (u64, bool) {
         let model = self.model();
         let i = index(currency);
         let seen = model.elsewhere[i].is_some_and(|at| at.elapsed().as_secs_f64() < MEMORY);
-        if model.rate[i] > 0.0 || seen {
-            capacity / MARGIN
-        } else {
-            0
-        }
+        (capacity / MARGIN, !(model.rate[i] > 0.0 || seen))
+    }
+
+    /// The estimated rate of `currency`, in tokens a second.
+    pub(super) fn rate_of(&self, currency: Currency) -> f64 {
+        self.model().rate[index(currency)]
     }
 
     /// A sync found the windows above the provider's count: something else spends from the
@@ -287,7 +292,7 @@ mod tests {
             if above > 0 {
                 local = provider;
             }
-            foreign.synced(Currency::Tokens, above, provider as u64, 2_000.0, true);
+            foreign.synced(Currency::Tokens, above, above.min(0), 2_000.0, true);
         }
         let rate = foreign.rate(Currency::Tokens);
         assert!((540.0..=660.0).contains(&rate), "{rate}");

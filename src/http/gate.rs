@@ -1,24 +1,19 @@
-//! The sans-IO gate: a request's key and cost before it goes, and what its response means
-//! after: settlement, header sync, and whether a 429 is worth retrying.
+//! The gate and its builder: which key a request belongs to, what it costs, and its wait for
+//! the toll.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
-use http::{HeaderMap, StatusCode};
 use serde_json::Value;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::OwnedSemaphorePermit;
 
-use super::foreign::{Foreign, start_charger};
-use super::headers::{RateHeader, rate_headers, retry_pause};
+use super::call::Call;
+use super::keys::Keyed;
 use super::profile::{OutputTo, Profile};
-use super::usage::{Reported, error_code};
-use crate::{
-    Backoff, Cost, Currency, Error, Estimator, Limiter, Limits, Permit, Rate, Rates, Registry,
-    Usage,
-};
+use crate::{Backoff, Cost, Error, Estimator, Limits, Registry};
 
 /// How a request's key is found: from the request's head and its JSON body (`Value::Null` when
 /// the body is not JSON).
@@ -26,145 +21,38 @@ pub type KeyFn = dyn Fn(&http::request::Parts, &Value) -> String + Send + Sync;
 
 /// Where a gate's keys get their limits.
 #[derive(Clone)]
-enum LimitsFrom {
+pub(super) enum LimitsFrom {
     /// Every key has these.
     Fixed(Limits),
-    /// From the first response's `limit` headers, read as so many per `period`.
+    /// From the responses' `limit` headers, read as so many per `period`.
     Headers(Duration),
-}
-
-/// What a response meant.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Verdict {
-    /// Not a 429: the call went through (whatever its status).
-    Passed,
-    /// A rate limit: worth retrying after the pause (the key is paused for it already).
-    Transient {
-        /// The provider's pause, when it gave one.
-        pause: Option<Duration>,
-    },
-    /// A 429 no retry can fix: a spent quota or a spend limit.
-    Permanent {
-        /// The error code the body gave, if any.
-        code: Option<String>,
-    },
-}
-
-/// The error an adapter answers for a permanent 429: retrying it only burns time.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{profile} refused the call for good (429{}): the quota or spend limit is used up; retrying will not help", .code.as_ref().map(|c| format!(" {c}")).unwrap_or_default())]
-pub struct PermanentRefusal {
-    /// The provider profile's name.
-    pub profile: String,
-    /// The error code the body gave, if any.
-    pub code: Option<String>,
 }
 
 /// How many keys a gate remembers before it forgets those that no call holds (per-tenant
 /// keys must not grow it without bound).
 const KEPT_KEYS: usize = 4_096;
 
-/// How far apart two calls must have been sent for the later to be taken as unseen by the
-/// provider when it answered the earlier: calls sent closer together may reach it in either
-/// order. Taking one as seen when it was not lowers the windows too little, which the next
-/// response corrects; the other way round would lower them for good.
-const SEND_SKEW: Duration = Duration::from_millis(20);
-
-/// One call in flight: what it was charged, and when it was sent (or admitted, until sent).
-#[derive(Debug, Clone, Copy)]
-struct Flight {
-    cost: Cost,
-    sent: tokio::time::Instant,
-}
-
-/// Calls on one key that are in flight, numbered in the order they were sent.
-#[derive(Debug, Default)]
-struct Ledger {
-    next: u64,
-    in_flight: BTreeMap<u64, Flight>,
-    /// Calls numbered up to this one were already seen by the provider when a response's
-    /// headers or a 429 brought the windows in line: their shortfalls are in the provider's
-    /// count, and must not be charged again when they settle.
-    seen_through: Option<u64>,
-}
-
-impl Ledger {
-    /// A call of `cost` goes out now: its number, after every call already in flight.
-    fn push(&mut self, cost: Cost) -> u64 {
-        let number = self.next;
-        self.next += 1;
-        let sent = tokio::time::Instant::now();
-        self.in_flight.insert(number, Flight { cost, sent });
-        number
-    }
-
-    /// What the calls sent well after `number` (see [`SEND_SKEW`]), still in flight, were
-    /// charged in `currency`: the provider had not seen them when it answered `number`.
-    fn unseen_after(&self, number: u64, currency: Currency) -> u64 {
-        let Some(this) = self.in_flight.get(&number) else {
-            return 0;
-        };
-        let after = this.sent + SEND_SKEW;
-        self.in_flight
-            .range(number + 1..)
-            .filter(|(_, flight)| flight.sent > after)
-            .map(|(_, flight)| flight.cost.of(currency))
-            .fold(0, u64::saturating_add)
-    }
-
-    /// Whether another call in flight was sent within [`SEND_SKEW`] of `number`: the
-    /// provider's count may or may not hold it, so the count says little of spending elsewhere.
-    fn ambiguous(&self, number: u64) -> bool {
-        let Some(this) = self.in_flight.get(&number) else {
-            return true;
-        };
-        self.in_flight.iter().any(|(&other, flight)| {
-            other != number && flight.sent.max(this.sent) - flight.sent.min(this.sent) <= SEND_SKEW
-        })
-    }
-
-    fn seen(&mut self, through: u64) {
-        self.seen_through = Some(self.seen_through.map_or(through, |t| t.max(through)));
-    }
-}
-
 /// How long, by default, a key's calls wait for the answer to its first call.
 const FIRST_ANSWER_WAIT: Duration = Duration::from_secs(1);
 
-/// One key's state in a gate.
-struct KeyState {
-    key: String,
-    limiter: OnceLock<Limiter>,
-    /// Until a key's limits are known (from its first response), one call at a time; with
-    /// sync on, until its first response, whatever its limits.
-    learning: Arc<Semaphore>,
-    /// Whether the provider has answered a call on this key.
-    heard: AtomicBool,
-    ledger: Mutex<Ledger>,
-    warned: AtomicBool,
-    foreign: Arc<Foreign>,
-}
+/// How long, by default, a call may wait for its toll, retries included.
+const TIMEOUT: Duration = Duration::from_secs(60);
 
-impl KeyState {
-    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
-        self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-struct Inner {
-    profile: Profile,
+pub(super) struct Inner {
+    pub(super) profile: Profile,
     estimator: Arc<dyn Estimator>,
     registry: Option<Arc<Registry>>,
     key: Arc<KeyFn>,
-    limits: LimitsFrom,
-    sync: bool,
-    foreign: bool,
+    pub(super) limits: LimitsFrom,
+    pub(super) sync: bool,
+    pub(super) foreign: bool,
     retries: u32,
-    backoff: Backoff,
-    learn_timeout: Option<Duration>,
+    pub(super) backoff: Backoff,
+    timeout: Option<Duration>,
     first_answer: Option<Duration>,
-    keys: Mutex<HashMap<String, Arc<KeyState>>>,
+    keys: Mutex<HashMap<String, Arc<Keyed>>>,
+    /// A 429 came back from inside the layer once: warned.
+    pub(super) warned_inside: std::sync::atomic::AtomicBool,
 }
 
 /// The limiter in front of a provider's HTTP API, without any HTTP client of its own: adapters
@@ -188,10 +76,11 @@ struct Inner {
 /// let (parts, ()) = request.into_parts();
 /// let mut call = gate.admit(&parts, body).await?;
 /// assert_eq!(call.key(), "openai:gpt-4o");
+/// call.sending();
 /// // ... send it; then:
 /// let mut headers = http::HeaderMap::new();
 /// headers.insert("x-ratelimit-remaining-tokens", "29000".parse()?);
-/// let verdict = call.respond(http::StatusCode::OK, &headers, None).await?;
+/// let verdict = call.respond(http::StatusCode::OK, &headers, None).await;
 /// assert_eq!(verdict, Verdict::Passed);
 /// call.finish(Reported::default()).await?;
 /// # Ok(())
@@ -199,7 +88,7 @@ struct Inner {
 /// ```
 #[derive(Clone)]
 pub struct Gate {
-    inner: Arc<Inner>,
+    pub(super) inner: Arc<Inner>,
 }
 
 impl fmt::Debug for Gate {
@@ -208,6 +97,7 @@ impl fmt::Debug for Gate {
             .field("profile", &self.inner.profile.name())
             .field("sync", &self.inner.sync)
             .field("retries", &self.inner.retries)
+            .field("timeout", &self.inner.timeout)
             .finish_non_exhaustive()
     }
 }
@@ -223,7 +113,7 @@ pub struct GateBuilder {
     foreign: bool,
     retries: u32,
     backoff: Backoff,
-    learn_timeout: Option<Duration>,
+    timeout: Option<Duration>,
     first_answer: Option<Duration>,
 }
 
@@ -242,9 +132,10 @@ impl GateBuilder {
         self
     }
 
-    /// Each key takes its limits from its first response's `limit` headers, read as so many
-    /// per `period` (OpenAI and Anthropic state theirs per minute); until then its calls go one
-    /// at a time.
+    /// Each key takes its limits from the responses' `limit` headers, read as so many per
+    /// `period` (OpenAI and Anthropic state theirs per minute): each currency when its headers
+    /// first come, and again when the provider's limit changes. Until a key has a limit, its
+    /// calls go one at a time. A limit of zero, or above a trillion, is not learned.
     pub fn limits_from_headers(mut self, period: Duration) -> GateBuilder {
         self.limits = Some(LimitsFrom::Headers(period));
         self
@@ -274,13 +165,15 @@ impl GateBuilder {
     }
 
     /// Whether header sync also models spending it can't see (on by default): when a sync
-    /// finds the windows held more than the provider said was left, that shortfall over the
-    /// time since the last sync is taken as a rate of spending elsewhere (a neighbour on the
-    /// same quota), and the key is charged at that rate between syncs, corrected by each sync.
+    /// finds the windows held more than the provider said was left (after the refill since
+    /// the provider counted, and the calls it had not seen yet), that shortfall over the time
+    /// since the last sync is taken as a rate of spending elsewhere (a neighbour on the same
+    /// quota), and the key is charged at that rate between syncs, corrected by each sync.
     /// While such spending is seen (from the first sync that finds it, for a few seconds after
     /// the last), syncs leave the windows 4% of their capacity below the provider's count, so
-    /// that a call admitted the moment its tokens exist here finds them there too. Without it, the windows refill at the configured rate between syncs although part of it
-    /// goes to the neighbour, so calls leave early and meet 429s.
+    /// that a call admitted the moment its tokens exist here finds them there too. Without
+    /// it, the windows refill at the configured rate between syncs although part of it goes
+    /// to the neighbour, so calls leave early and meet 429s.
     pub fn model_foreign_spending(mut self, model: bool) -> GateBuilder {
         self.foreign = model;
         self
@@ -298,11 +191,20 @@ impl GateBuilder {
         self
     }
 
-    /// How long a call may wait for its turn while a key's limits are still unknown
-    /// (default 60 s; `None`: no deadline).
-    pub fn learn_timeout(mut self, timeout: Option<Duration>) -> GateBuilder {
-        self.learn_timeout = timeout;
+    /// The longest a call may take to be let through, from its first admission: its wait for
+    /// the toll, its retries after transient 429s and their pauses (default 60 s; `None`: no
+    /// deadline). A retry whose pause would end past the deadline fails at once with
+    /// [`Error::Timeout`] carrying the pause.
+    pub fn timeout(mut self, timeout: Option<Duration>) -> GateBuilder {
+        self.timeout = timeout;
         self
+    }
+
+    /// The same as [`timeout`](GateBuilder::timeout), for the wait while a key's limits are
+    /// still unknown.
+    #[deprecated(note = "the gate has one deadline now: use `timeout`")]
+    pub fn learn_timeout(self, timeout: Option<Duration>) -> GateBuilder {
+        self.timeout(timeout)
     }
 
     /// With sync on, how long a key's calls wait for the answer to its first call before they
@@ -346,9 +248,10 @@ impl GateBuilder {
                 foreign: self.foreign,
                 retries: self.retries,
                 backoff: self.backoff,
-                learn_timeout: self.learn_timeout,
+                timeout: self.timeout,
                 first_answer: self.first_answer,
                 keys: Mutex::new(HashMap::new()),
+                warned_inside: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
@@ -366,7 +269,7 @@ impl Gate {
             foreign: true,
             retries: 3,
             backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(30)),
-            learn_timeout: Some(Duration::from_secs(60)),
+            timeout: Some(TIMEOUT),
             first_answer: Some(FIRST_ANSWER_WAIT),
         }
     }
@@ -391,6 +294,11 @@ impl Gate {
         self.inner.retries
     }
 
+    /// The longest a call may take to be let through, retries included.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.inner.timeout
+    }
+
     /// How long to wait before retry `attempt` (0 for the first) of a transient 429: the
     /// jittered exponential backoff, never shorter than the provider's pause.
     pub fn retry_delay(&self, attempt: u32, pause: Option<Duration>) -> Duration {
@@ -398,11 +306,41 @@ impl Gate {
         backoff.max(pause.unwrap_or(Duration::ZERO))
     }
 
-    fn registry(&self) -> &Registry {
+    /// The deadline of a call whose first admission starts now (`None`: no deadline).
+    pub fn deadline(&self) -> Option<tokio::time::Instant> {
+        self.inner
+            .timeout
+            .and_then(|t| tokio::time::Instant::now().checked_add(t))
+    }
+
+    /// How long an adapter sleeps before retry `attempt` after a transient 429 with `pause`,
+    /// or [`Error::Timeout`] (carrying the pause) when that sleep would end past `deadline`.
+    pub fn retry_within(
+        &self,
+        key: &str,
+        attempt: u32,
+        pause: Option<Duration>,
+        deadline: Option<tokio::time::Instant>,
+        started: tokio::time::Instant,
+    ) -> Result<Duration, Error> {
+        let delay = self.retry_delay(attempt, pause);
+        match deadline {
+            Some(deadline) if tokio::time::Instant::now() + delay > deadline => {
+                Err(Error::Timeout {
+                    key: key.to_owned(),
+                    waited: started.elapsed(),
+                    needed: Some(delay),
+                })
+            }
+            _ => Ok(delay),
+        }
+    }
+
+    pub(super) fn registry(&self) -> &Registry {
         self.inner.registry.as_deref().unwrap_or(Registry::global())
     }
 
-    fn state(&self, key: String) -> Result<Arc<KeyState>, Error> {
+    fn state(&self, key: String) -> Result<Arc<Keyed>, Error> {
         let mut keys = self
             .inner
             .keys
@@ -417,19 +355,11 @@ impl Gate {
             // already given) is learned again on their next call.
             keys.retain(|_, state| Arc::strong_count(state) > 1);
         }
-        let limiter = OnceLock::new();
-        if let LimitsFrom::Fixed(limits) = &self.inner.limits {
-            let _ = limiter.set(self.registry().limiter(&key, limits)?);
-        }
-        let state = Arc::new(KeyState {
-            key: key.clone(),
-            limiter,
-            learning: Arc::new(Semaphore::new(1)),
-            heard: AtomicBool::new(false),
-            ledger: Mutex::new(Ledger::default()),
-            warned: AtomicBool::new(false),
-            foreign: Arc::new(Foreign::default()),
-        });
+        let limiter = match &self.inner.limits {
+            LimitsFrom::Fixed(limits) => Some(self.registry().limiter(&key, limits)?),
+            LimitsFrom::Headers(_) => None,
+        };
+        let state = Arc::new(Keyed::new(key.clone(), limiter));
         keys.insert(key, Arc::clone(&state));
         Ok(state)
     }
@@ -453,21 +383,48 @@ impl Gate {
         })
     }
 
+    /// What a body that is not JSON the gate can read costs: a request and the `words` rule
+    /// (which errs high) over its bytes, never nothing. serde_json refuses some bodies a
+    /// provider may still take (nested deeper than 128 levels, a lone surrogate, a leading
+    /// byte-order mark, a number beyond `f64`).
+    fn cost_of_raw(body: &[u8]) -> Cost {
+        use tollgate_estimators::Estimator as _;
+        let text = String::from_utf8_lossy(body);
+        let tokens = tollgate_estimators::Words.count(&text) as u64;
+        Cost::call(tokens)
+    }
+
     /// Finds the request's key and cost, and waits for its toll (or, on a key whose limits are
-    /// still unknown, for its turn to go alone).
+    /// still unknown, for its turn to go alone), within the gate's
+    /// [`timeout`](GateBuilder::timeout).
     pub async fn admit(&self, parts: &http::request::Parts, body: &[u8]) -> Result<Call, Error> {
-        let value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        self.admit_until(parts, body, self.deadline()).await
+    }
+
+    /// Like [`admit`](Gate::admit), with an explicit deadline (an adapter's retries share the
+    /// deadline of the call's first admission).
+    pub async fn admit_until(
+        &self,
+        parts: &http::request::Parts,
+        body: &[u8],
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<Call, Error> {
+        let parsed = serde_json::from_slice::<Value>(body);
+        let unreadable = parsed.is_err() && !body.trim_ascii().is_empty();
+        let value = parsed.unwrap_or(Value::Null);
         let key = (self.inner.key)(parts, &value);
         let state = self.state(key)?;
         let stream = value.get("stream").and_then(Value::as_bool) == Some(true);
+        let left = || deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
         loop {
-            if let Some(limiter) = state.limiter.get() {
+            if let Some(limiter) = state.limiter() {
                 // With sync on, a key's first call goes alone: the windows can't know what
                 // others spent from the quota until the provider has said so once, and calls
                 // sent meanwhile would be admitted against a level nobody has.
                 let alone = match self.inner.first_answer {
                     Some(wait) if self.inner.sync && !state.heard.load(Ordering::Acquire) => {
                         let turn = Arc::clone(&state.learning).acquire_owned();
+                        let wait = left().map_or(wait, |left| wait.min(left));
                         match tokio::time::timeout(wait, turn).await {
                             Ok(turn) => {
                                 let turn = turn.expect("the semaphore is never closed");
@@ -479,37 +436,30 @@ impl Gate {
                     }
                     _ => None,
                 };
-                let cost = self.cost_of(&value, Some(limiter.limits()))?;
-                let permit = limiter.acquire(cost).await?;
-                let number = state.ledger().push(cost);
-                return Ok(Call {
-                    gate: self.clone(),
-                    state,
-                    number: Some(number),
-                    permit: Some(permit),
-                    _learning: alone,
-                    stream,
-                });
+                let cost = if unreadable {
+                    Gate::cost_of_raw(body)
+                } else {
+                    self.cost_of(&value, Some(limiter.limits()))?
+                };
+                let permit = limiter.acquire_flight(cost, left()).await?;
+                return Ok(Call::new(self.clone(), state, Some(permit), alone, stream));
             }
-            let turn = self.turn(&state).await?;
-            if state.limiter.get().is_some() {
+            let turn = self.turn(&state, left()).await?;
+            if state.limiter().is_some() {
                 continue;
             }
-            return Ok(Call {
-                gate: self.clone(),
-                state,
-                number: None,
-                permit: None,
-                _learning: Some(turn),
-                stream,
-            });
+            return Ok(Call::new(self.clone(), state, None, Some(turn), stream));
         }
     }
 
-    /// The key's turn to go alone, within the gate's learning timeout.
-    async fn turn(&self, state: &KeyState) -> Result<OwnedSemaphorePermit, Error> {
+    /// The key's turn to go alone, within `left`.
+    async fn turn(
+        &self,
+        state: &Keyed,
+        left: Option<Duration>,
+    ) -> Result<OwnedSemaphorePermit, Error> {
         let turn = Arc::clone(&state.learning).acquire_owned();
-        let turn = match self.inner.learn_timeout {
+        let turn = match left {
             Some(timeout) => {
                 tokio::time::timeout(timeout, turn)
                     .await
@@ -522,265 +472,5 @@ impl Gate {
             None => turn.await,
         };
         Ok(turn.expect("the semaphore is never closed"))
-    }
-
-    fn learn(&self, state: &KeyState, read: &[RateHeader]) -> Result<(), Error> {
-        let LimitsFrom::Headers(period) = self.inner.limits else {
-            return Ok(());
-        };
-        let rates = |currency| -> Result<Rates, Error> {
-            match read
-                .iter()
-                .find(|r| r.currency == currency)
-                .and_then(|r| r.limit)
-                .filter(|&n| n > 0)
-            {
-                Some(limit) => Ok(Rates::from(Rate::new(limit, period)?)),
-                None => Ok(Rates::none()),
-            }
-        };
-        let limits = Limits::new(rates(Currency::Requests)?, rates(Currency::Tokens)?)
-            .with_output_tokens(rates(Currency::OutputTokens)?);
-        if limits.is_empty() {
-            return Ok(());
-        }
-        let limiter = self.registry().limiter(&state.key, &limits)?;
-        tracing::info!(key = %state.key, %limits, "limits taken from the provider's headers");
-        let _ = state.limiter.set(limiter);
-        Ok(())
-    }
-}
-
-/// One request on its way: admitted, and waiting for its response.
-///
-/// Dropping it without [`finish`](Call::finish) keeps what was charged (the estimate).
-pub struct Call {
-    gate: Gate,
-    state: Arc<KeyState>,
-    number: Option<u64>,
-    permit: Option<Permit>,
-    _learning: Option<OwnedSemaphorePermit>,
-    stream: bool,
-}
-
-impl fmt::Debug for Call {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Call")
-            .field("key", &self.state.key)
-            .field("cost", &self.permit.as_ref().map(Permit::cost))
-            .field("stream", &self.stream)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Drop for Call {
-    fn drop(&mut self) {
-        if let Some(number) = self.number {
-            self.state.ledger().in_flight.remove(&number);
-        }
-    }
-}
-
-impl Call {
-    /// The key.
-    pub fn key(&self) -> &str {
-        &self.state.key
-    }
-
-    /// What the call paid (`None` while its key's limits are unknown).
-    pub fn cost(&self) -> Option<Cost> {
-        self.permit.as_ref().map(Permit::cost)
-    }
-
-    /// Marks the call as sent now: calls are taken to reach the provider in the order they are
-    /// sent, and a response's `remaining` to count the calls sent before it (its own
-    /// included) and none sent after. Adapters call this right before sending; a call never
-    /// marked keeps its place in the order of admission.
-    pub fn sending(&mut self) {
-        if let Some(number) = self.number.as_mut() {
-            let mut ledger = self.state.ledger();
-            if let Some(flight) = ledger.in_flight.remove(number) {
-                *number = ledger.push(flight.cost);
-            }
-        }
-    }
-
-    /// True when the request asked for a stream (`"stream": true`): its usage comes in
-    /// server-sent events.
-    pub fn is_stream(&self) -> bool {
-        self.stream
-    }
-
-    /// Reads the response's status and headers: brings the key's windows in line with the
-    /// `remaining` headers (only ever lowering them), takes a key's limits from its first
-    /// response when it has none, and for a 429 says whether it is worth retrying, pausing the
-    /// key for a transient one. `error_body` is the body of a 429, for its error code.
-    pub async fn respond(
-        &mut self,
-        status: StatusCode,
-        headers: &HeaderMap,
-        error_body: Option<&[u8]>,
-    ) -> Result<Verdict, Error> {
-        let gate = &self.gate.inner;
-        let now = SystemTime::now();
-        let read = rate_headers(&gate.profile, headers, now);
-        if self.state.limiter.get().is_none() {
-            self.gate.learn(&self.state, &read)?;
-        }
-        if let Some(limiter) = self.state.limiter.get() {
-            self.sync(limiter, &read, status == StatusCode::TOO_MANY_REQUESTS)
-                .await?;
-        }
-        // The provider has answered: the calls waiting for this one's answer go on (those
-        // still learning limits that weren't in these headers still go one at a time).
-        self.state.heard.store(true, Ordering::Release);
-        self._learning = None;
-        if status != StatusCode::TOO_MANY_REQUESTS {
-            return Ok(Verdict::Passed);
-        }
-        let code = error_body.and_then(error_code);
-        let pause = retry_pause(headers, now);
-        let permanent = code
-            .as_deref()
-            .is_some_and(|c| gate.profile.permanent_codes.iter().any(|p| p == c))
-            || (pause.is_none() && gate.profile.permanent_without_retry_after);
-        if permanent {
-            return Ok(Verdict::Permanent { code });
-        }
-        // The reset of a spent currency stands in for a missing Retry-After.
-        let pause = pause.or_else(|| {
-            read.iter()
-                .filter(|r| r.remaining == Some(0))
-                .filter_map(|r| r.reset)
-                .max()
-        });
-        if let Some(limiter) = self.state.limiter.get() {
-            limiter
-                .penalize(pause.unwrap_or_else(|| gate.backoff.base()))
-                .await?;
-            self.state.foreign.penalized();
-            // Every call in flight was either seen by the provider before this 429 or will be
-            // refused too; none may charge a shortfall on top of the emptied windows.
-            let mut ledger = self.state.ledger();
-            if let Some(&last) = ledger.in_flight.keys().next_back() {
-                ledger.seen(last);
-            }
-        }
-        Ok(Verdict::Transient { pause })
-    }
-
-    async fn sync(
-        &self,
-        limiter: &Limiter,
-        read: &[RateHeader],
-        refused: bool,
-    ) -> Result<(), Error> {
-        let gate = &self.gate.inner;
-        let limits = limiter.limits();
-        let model = gate.sync && gate.foreign;
-        if model {
-            // What the model says was spent elsewhere is charged first, so that a sync
-            // measures only what the model missed.
-            self.state.foreign.charge(limiter).await?;
-        }
-        for header in read {
-            let configured = limits.of(header.currency);
-            if configured.is_empty() {
-                continue;
-            }
-            if let (Some(limit), Some(capacity)) = (header.limit, configured.capacity())
-                && limit != capacity
-                && !self.state.warned.swap(true, Ordering::Relaxed)
-            {
-                tracing::warn!(
-                    key = %self.state.key,
-                    currency = %header.currency,
-                    provider = limit,
-                    configured = capacity,
-                    "the provider's limit differs from the configured one",
-                );
-            }
-            let (Some(remaining), true) = (header.remaining, gate.sync) else {
-                continue;
-            };
-            // A rounded count is read as the most it could be.
-            let rounding = gate.profile.rounding;
-            let remaining = if rounding > 0 {
-                remaining.saturating_add(rounding.div_ceil(2) - 1)
-            } else {
-                remaining
-            };
-            let (target, clear) = match self.number {
-                Some(number) => {
-                    let mut ledger = self.state.ledger();
-                    ledger.seen(number);
-                    let mut unseen = ledger.unseen_after(number, header.currency);
-                    // A refused call is charged here and was not there.
-                    if refused && let Some(flight) = ledger.in_flight.get(&number) {
-                        unseen = unseen.saturating_add(flight.cost.of(header.currency));
-                    }
-                    (remaining.saturating_sub(unseen), !ledger.ambiguous(number))
-                }
-                // The call that taught the limits was never charged here, and nothing else
-                // was in flight.
-                None => (remaining, false),
-            };
-            let capacity = configured.capacity().unwrap_or(0);
-            let margin = if model {
-                self.state.foreign.margin(header.currency, capacity)
-            } else {
-                0
-            };
-            let lowered = limiter
-                .lower(header.currency, target.saturating_sub(margin))
-                .await?;
-            let target = target.saturating_sub(margin);
-            if model && clear && lowered > 0 {
-                self.state.foreign.spent_elsewhere(header.currency);
-                if margin == 0 {
-                    // Seen for the first time: the margin holds from this sync on.
-                    let margin = self.state.foreign.margin(header.currency, capacity);
-                    limiter
-                        .lower(header.currency, target.saturating_sub(margin))
-                        .await?;
-                }
-            }
-            let most = configured
-                .as_slice()
-                .iter()
-                .map(|r| r.amount() as f64 / r.period().as_secs_f64())
-                .fold(f64::INFINITY, f64::min);
-            if model
-                && self
-                    .state
-                    .foreign
-                    .synced(header.currency, lowered, target, most, clear)
-            {
-                start_charger(Arc::downgrade(&self.state.foreign), limiter.clone());
-            }
-        }
-        Ok(())
-    }
-
-    /// Settles the call with the usage its response reported: a refund for an overestimate;
-    /// a charge for an underestimate, unless the provider had already counted this call when
-    /// a header sync or a 429 brought the windows in line (it is in that count: charging it
-    /// again would count it twice). Answers the usage settled.
-    pub async fn finish(mut self, reported: Reported) -> Result<Usage, Error> {
-        let Some(permit) = self.permit.take() else {
-            return Ok(Usage::default());
-        };
-        let charged = permit.cost();
-        let mut usage = reported.usage(&self.gate.inner.profile, permit.limiter().limits());
-        let seen = {
-            let ledger = self.state.ledger();
-            matches!((self.number, ledger.seen_through), (Some(n), Some(t)) if n <= t)
-        };
-        if seen {
-            usage.tokens = usage.tokens.map(|t| t.min(charged.tokens));
-            usage.output_tokens = usage.output_tokens.map(|t| t.min(charged.output_tokens));
-        }
-        permit.settle_usage(usage).await?;
-        Ok(usage)
     }
 }

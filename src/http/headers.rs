@@ -47,7 +47,7 @@ pub fn rate_headers(profile: &Profile, headers: &HeaderMap, now: SystemTime) -> 
         .headers
         .iter()
         .filter_map(|names| {
-            let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+            let text = |name: &str| headers.get(name).and_then(header_text);
             let read = RateHeader {
                 currency: names.currency,
                 limit: text(&names.limit).and_then(count),
@@ -58,6 +58,15 @@ pub fn rate_headers(profile: &Profile, headers: &HeaderMap, now: SystemTime) -> 
                 .then_some(read)
         })
         .collect()
+}
+
+/// A header's value as text: visible ASCII as `http` reads it, or any UTF-8 (a reset written
+/// `500µs` has a micro sign in it).
+fn header_text(value: &http::HeaderValue) -> Option<&str> {
+    value
+        .to_str()
+        .ok()
+        .or_else(|| std::str::from_utf8(value.as_bytes()).ok())
 }
 
 /// A count: digits, or a number with a fraction (rounded down: what remains is never read as
@@ -132,13 +141,19 @@ pub fn go_duration(text: &str) -> Option<Duration> {
         } else {
             whole.parse().unwrap_or(u128::from(u64::MAX))
         };
+        if !fraction.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        // Eighteen digits are read; any non-zero digit beyond them still counts (rounded up).
         let digits = &fraction[..fraction.len().min(18)];
+        let beyond = fraction[digits.len()..].bytes().any(|b| b != b'0');
         let part = if digits.is_empty() {
             0
         } else {
             let value: u128 = digits.parse().ok()?;
             (value * scale).div_ceil(10u128.pow(digits.len() as u32))
         };
+        let part = if beyond && part == 0 { 1 } else { part };
         nanos = nanos
             .saturating_add(whole.saturating_mul(scale))
             .saturating_add(part);
@@ -164,10 +179,21 @@ pub fn go_duration(text: &str) -> Option<Duration> {
 /// ```
 pub fn retry_pause(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    if let Some(ms) = text("retry-after-ms").and_then(|t| go_duration(&format!("{}ms", t.trim()))) {
+    if let Some(ms) = text("retry-after-ms").and_then(milliseconds) {
         return Some(ms);
     }
     text("retry-after").and_then(|t| parse_retry_after(t, now))
+}
+
+/// `retry-after-ms`: digits, with an optional fraction (`1250`, `1250.5`), and nothing else.
+fn milliseconds(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
+    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    if whole.is_empty() || !digits(whole) || !digits(fraction) || text.ends_with('.') {
+        return None;
+    }
+    go_duration(&format!("{text}ms"))
 }
 
 #[cfg(test)]
@@ -192,6 +218,39 @@ mod tests {
         assert_eq!(go_duration("25h"), Some(MAX_RETRY_AFTER));
         for bad in ["", "s", "1", "1x", "1..5s", "-1s", "1 s", ".s", "1s2"] {
             assert_eq!(go_duration(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_duration_too_small_for_a_nanosecond_is_a_nanosecond_not_zero() {
+        assert_eq!(
+            go_duration("0.0000000000000000001h"),
+            Some(Duration::from_nanos(1))
+        );
+        assert_eq!(go_duration("500µs"), Some(Duration::from_micros(500)));
+    }
+
+    #[test]
+    fn a_reset_with_a_micro_sign_is_read() {
+        let mut headers = HeaderMap::new();
+        let value = http::HeaderValue::from_bytes("500µs".as_bytes()).unwrap();
+        headers.insert("x-ratelimit-reset-tokens", value);
+        headers.insert("x-ratelimit-remaining-tokens", "7".parse().unwrap());
+        let read = rate_headers(&Profile::openai(), &headers, SystemTime::now());
+        assert_eq!(read[0].reset, Some(Duration::from_micros(500)));
+    }
+
+    #[test]
+    fn retry_after_ms_is_milliseconds_and_nothing_else() {
+        let pause = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert("retry-after-ms", value.parse().unwrap());
+            retry_pause(&headers, SystemTime::now())
+        };
+        assert_eq!(pause("1250"), Some(Duration::from_millis(1_250)));
+        assert_eq!(pause(" 20.5 "), Some(Duration::from_micros(20_500)));
+        for bad in ["2h3", "1s", "1e3", "-5", ".5", "5.", "", "0x10"] {
+            assert_eq!(pause(bad), None, "{bad:?}");
         }
     }
 

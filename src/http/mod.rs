@@ -46,17 +46,24 @@
 //! in flight until their own responses correct it.
 
 mod body;
+mod call;
 mod foreign;
 mod gate;
 mod headers;
+mod keys;
 mod profile;
 mod usage;
+mod verdict;
+
+use crate::bucket::index;
 
 pub use body::Metered;
-pub use gate::{Call, Gate, GateBuilder, KeyFn, PermanentRefusal, Verdict};
+pub use call::Call;
+pub use gate::{Gate, GateBuilder, KeyFn};
 pub use headers::{RateHeader, go_duration, rate_headers, retry_pause};
 pub use profile::{HeaderNames, OutputTo, Profile, ResetForm};
 pub use usage::{Reported, UsageScanner};
+pub use verdict::{PermanentRefusal, Verdict};
 
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]

@@ -7,7 +7,9 @@ use bytes::Bytes;
 use reqwest::ResponseBuilderExt as _;
 
 use super::body::{Metered, is_event_stream, read_short};
-use super::gate::{Call, Gate, PermanentRefusal, Verdict};
+use super::call::Call;
+use super::gate::Gate;
+use super::verdict::{PermanentRefusal, Verdict};
 
 /// Why an adapter's call failed, before it is told in the client's own error type.
 #[derive(Debug)]
@@ -78,33 +80,37 @@ fn rebuild(
 
 /// Reads the response's head into `call` (header sync; a 429's verdict), and answers what the
 /// adapter does next: hand over the response, its body metered so that the call settles
-/// when it ends, or retry.
+/// when it ends, or retry (within the deadline shared by every attempt).
 pub(crate) async fn after(
     gate: &Gate,
     mut call: Call,
     response: reqwest::Response,
     attempt: u32,
     can_retry: bool,
+    deadline: Option<tokio::time::Instant>,
+    started: tokio::time::Instant,
 ) -> Result<Then, Failure> {
     let url = response.url().clone();
     let (parts, body) = http::Response::<reqwest::Body>::from(response).into_parts();
     if parts.status != http::StatusCode::TOO_MANY_REQUESTS {
-        call.respond(parts.status, &parts.headers, None).await?;
+        call.respond(parts.status, &parts.headers, None).await;
         let stream = is_event_stream(&parts.headers) || call.is_stream();
         let body = reqwest::Body::wrap(Metered::new(body, call, stream));
         return Ok(Then::Done(rebuild(url, parts, body)));
     }
-    let error: Bytes = read_short(body).await.map_err(Failure::Read)?;
+    let error: Bytes = read_short(body, deadline).await.map_err(Failure::Read)?;
     match call
         .respond(parts.status, &parts.headers, Some(&error))
-        .await?
+        .await
     {
-        Verdict::Permanent { code } => Err(Failure::Permanent(PermanentRefusal {
+        Verdict::Permanent { code, message } => Err(Failure::Permanent(PermanentRefusal {
             profile: gate.profile().name().to_owned(),
             code,
+            message,
         })),
         Verdict::Transient { pause } if can_retry && attempt < gate.retries() => {
-            Ok(Then::Retry(gate.retry_delay(attempt, pause)))
+            let delay = gate.retry_within(call.key(), attempt, pause, deadline, started)?;
+            Ok(Then::Retry(delay))
         }
         _ => Ok(Then::Done(rebuild(url, parts, reqwest::Body::from(error)))),
     }

@@ -65,6 +65,9 @@ impl Middleware for GateMiddleware {
     ) -> reqwest_middleware::Result<reqwest::Response> {
         let (head, bytes) = (head_of(&request), bytes_of(&request));
         let mut pending = Some(request);
+        // Every attempt shares the deadline of the first admission.
+        let started = tokio::time::Instant::now();
+        let deadline = self.gate.deadline();
         let mut attempt = 0;
         loop {
             let request = pending
@@ -72,15 +75,24 @@ impl Middleware for GateMiddleware {
                 .expect("a retry is only answered for a request that could be cloned");
             // A body that can't be sent again (a stream) is sent once.
             let again = request.try_clone();
-            let call = self
+            let mut call = self
                 .gate
-                .admit(&head, &bytes)
+                .admit_until(&head, &bytes, deadline)
                 .await
                 .map_err(|e| told(e.into()))?;
+            call.sending();
             let response = next.clone().run(request, extensions).await?;
-            let then = after(&self.gate, call, response, attempt, again.is_some())
-                .await
-                .map_err(told)?;
+            let then = after(
+                &self.gate,
+                call,
+                response,
+                attempt,
+                again.is_some(),
+                deadline,
+                started,
+            )
+            .await
+            .map_err(told)?;
             match then {
                 Then::Done(response) => return Ok(response),
                 Then::Retry(delay) => {

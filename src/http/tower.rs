@@ -11,7 +11,8 @@ use http::{Request, Response, StatusCode};
 use http_body::Body;
 
 use super::body::{Metered, is_event_stream, read_short};
-use super::gate::{Gate, PermanentRefusal, Verdict};
+use super::gate::Gate;
+use super::verdict::{PermanentRefusal, Verdict};
 
 /// An error of any kind, boxed: tollgate's own, [`PermanentRefusal`], or the inner service's.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -150,9 +151,12 @@ where
                 .request_bytes()
                 .map(Cow::into_owned)
                 .unwrap_or_default();
+            // Every attempt shares the deadline of the first admission.
+            let started = tokio::time::Instant::now();
+            let deadline = gate.deadline();
             let mut attempt = 0;
             loop {
-                let mut call = gate.admit(&parts, &bytes).await?;
+                let mut call = gate.admit_until(&parts, &bytes, deadline).await?;
                 if attempt > 0 {
                     std::future::poll_fn(|cx| inner.poll_ready(cx))
                         .await
@@ -163,26 +167,28 @@ where
                 let response = inner.call(request).await.map_err(Into::into)?;
                 let (head, response_body) = response.into_parts();
                 if head.status != StatusCode::TOO_MANY_REQUESTS {
-                    call.respond(head.status, &head.headers, None).await?;
+                    call.respond(head.status, &head.headers, None).await;
                     let stream = is_event_stream(&head.headers) || call.is_stream();
                     let body = Metered::new(EitherBody::Inner(response_body), call, stream);
                     return Ok(Response::from_parts(head, body));
                 }
-                let error = read_short(response_body).await.map_err(Into::into)?;
-                match call
-                    .respond(head.status, &head.headers, Some(&error))
-                    .await?
-                {
-                    Verdict::Permanent { code } => {
+                let error = read_short(response_body, deadline)
+                    .await
+                    .map_err(Into::into)?;
+                match call.respond(head.status, &head.headers, Some(&error)).await {
+                    Verdict::Permanent { code, message } => {
                         let refusal = PermanentRefusal {
                             profile: gate.profile().name().to_owned(),
                             code,
+                            message,
                         };
                         return Err(refusal.into());
                     }
                     Verdict::Transient { pause } if attempt < gate.retries() => {
+                        let key = call.key().to_owned();
                         drop(call);
-                        tokio::time::sleep(gate.retry_delay(attempt, pause)).await;
+                        let delay = gate.retry_within(&key, attempt, pause, deadline, started)?;
+                        tokio::time::sleep(delay).await;
                         attempt += 1;
                     }
                     _ => {

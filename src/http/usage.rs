@@ -95,9 +95,12 @@ impl Reported {
                     0
                 })
         });
-        let output_apart =
-            profile.output == OutputTo::OutputTokens && !limits.output_tokens().is_empty();
-        let tokens = if output_apart {
+        let output_metered_apart = profile.output == OutputTo::OutputTokens;
+        let output_apart = output_metered_apart && !limits.output_tokens().is_empty();
+        let tokens = if output_metered_apart {
+            // The provider meters output apart: the token windows hold input alone, whether
+            // or not this key limits output (without output windows, no window was charged
+            // for it up front, and none is settled with it).
             input
         } else {
             match (input, self.output) {
@@ -116,10 +119,14 @@ impl Reported {
 /// [`TAIL`] bytes are kept (usage comes last in every provider's answer).
 const WHOLE: usize = 8 << 20;
 const TAIL: usize = 64 << 10;
-/// A stream's event line longer than this is skipped rather than held.
+/// A stream's event line (or event) longer than this is skipped rather than held.
 const LONGEST_LINE: usize = 4 << 20;
 
 /// Reads usage from a response body as it passes, without holding a stream.
+///
+/// A stream is read as server-sent events are defined: lines end with CR LF, LF or a lone CR,
+/// a byte-order mark before the first line is dropped, an event's `data:` lines are joined
+/// with line feeds and read when a blank line ends the event.
 #[derive(Debug)]
 pub struct UsageScanner {
     stream: bool,
@@ -127,6 +134,14 @@ pub struct UsageScanner {
     kept: Vec<u8>,
     overflowed: bool,
     reported: Reported,
+    /// Stream state: the data of the event being read, whether the last byte fed was a CR,
+    /// whether the first bytes (and a byte-order mark among them) have been seen.
+    data: Vec<u8>,
+    data_overflowed: bool,
+    after_cr: bool,
+    started: bool,
+    /// The stream reported its input before its output (Anthropic's `message_start`).
+    input_early: bool,
 }
 
 impl UsageScanner {
@@ -138,6 +153,11 @@ impl UsageScanner {
             kept: Vec::new(),
             overflowed: false,
             reported: Reported::default(),
+            data: Vec::new(),
+            data_overflowed: false,
+            after_cr: false,
+            started: false,
+            input_early: false,
         }
     }
 
@@ -156,7 +176,32 @@ impl UsageScanner {
     }
 
     fn feed_events(&mut self, mut bytes: &[u8]) {
-        while let Some(end) = bytes.iter().position(|&b| b == b'\n') {
+        if !self.started && !bytes.is_empty() {
+            // A byte-order mark may open the stream, and may come in pieces.
+            let bom = b"\xEF\xBB\xBF";
+            let have = self.kept.len() + bytes.len();
+            if have < bom.len() && bom.starts_with(&[self.kept.as_slice(), bytes].concat()) {
+                self.kept.extend_from_slice(bytes);
+                return;
+            }
+            self.started = true;
+            let mut joined = std::mem::take(&mut self.kept);
+            joined.extend_from_slice(bytes);
+            let rest = joined.strip_prefix(bom).unwrap_or(&joined).to_vec();
+            return self.feed_events(&rest);
+        }
+        while !bytes.is_empty() {
+            if self.after_cr {
+                self.after_cr = false;
+                if bytes[0] == b'\n' {
+                    bytes = &bytes[1..];
+                    continue;
+                }
+            }
+            let Some(end) = bytes.iter().position(|&b| b == b'\n' || b == b'\r') else {
+                break;
+            };
+            self.after_cr = bytes[end] == b'\r';
             if self.overflowed {
                 self.overflowed = false;
             } else {
@@ -177,22 +222,47 @@ impl UsageScanner {
     }
 
     fn event_line(&mut self, line: &[u8]) {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.is_empty() {
+            self.dispatch();
+            return;
+        }
         let Some(data) = line.strip_prefix(b"data:") else {
             return;
         };
+        let data = data.strip_prefix(b" ").unwrap_or(data);
+        if self.data_overflowed {
+            return;
+        }
+        if !self.data.is_empty() {
+            self.data.push(b'\n');
+        }
+        self.data.extend_from_slice(data);
+        if self.data.len() > LONGEST_LINE {
+            self.data = Vec::new();
+            self.data_overflowed = true;
+        }
+    }
+
+    /// The event just ended: read its data.
+    fn dispatch(&mut self) {
+        let data = std::mem::take(&mut self.data);
+        self.data_overflowed = false;
         let data = data.trim_ascii();
+        if data.is_empty() {
+            return;
+        }
         if data == b"[DONE]" {
             self.done = true;
             return;
         }
         if let Ok(value) = serde_json::from_slice::<Value>(data) {
             self.reported.take(&value);
-            if matches!(
-                value.get("type").and_then(Value::as_str),
-                Some("message_stop" | "response.completed")
-            ) {
-                self.done = true;
+            match value.get("type").and_then(Value::as_str) {
+                Some("message_stop" | "response.completed") => self.done = true,
+                Some("message_start") if self.reported.input.is_some() => {
+                    self.input_early = true;
+                }
+                _ => {}
             }
         }
     }
@@ -203,49 +273,82 @@ impl UsageScanner {
         self.done
     }
 
+    /// Once, when a stream has reported its input before its output (Anthropic's
+    /// `message_start`): what it reported then, for the input to be settled while the output
+    /// is still being written.
+    pub fn take_input(&mut self) -> Option<Reported> {
+        std::mem::take(&mut self.input_early).then_some(self.reported)
+    }
+
     /// What the body reported so far.
     pub fn reported(&self) -> Reported {
         self.reported
     }
 
-    /// What the whole body reported.
+    /// What the whole body reported (for a plain body, what the bytes read so far report, if
+    /// they are the whole JSON document).
     pub fn finish(mut self) -> Reported {
         if self.stream {
             let line = std::mem::take(&mut self.kept);
-            if !self.overflowed {
+            if !self.overflowed && !line.is_empty() {
                 self.event_line(&line);
             }
+            self.dispatch();
         } else if !self.overflowed {
             if let Ok(value) = serde_json::from_slice::<Value>(&self.kept) {
                 self.reported.take(&value);
             }
-        } else {
-            // Only the tail is kept: read the last `"usage":` object in it.
-            let needle = b"\"usage\"";
-            if let Some(at) = self.kept.windows(needle.len()).rposition(|w| w == needle) {
-                let after = &self.kept[at + needle.len()..];
-                if let Some(open) = after.iter().position(|&b| b == b'{') {
-                    let mut values =
-                        serde_json::Deserializer::from_slice(&after[open..]).into_iter::<Value>();
-                    if let Some(Ok(usage)) = values.next() {
-                        self.reported.merge(&usage);
-                    }
-                }
-            }
+        } else if let Some(usage) = last_usage_object(&self.kept) {
+            // Only the tail is kept: the last `"usage": {...}` member in it.
+            self.reported.merge(&usage);
         }
         self.reported
     }
 }
 
-/// The `error.code` (else `error.type`, else a top-level `type`) of an error body.
-pub(crate) fn error_code(body: &[u8]) -> Option<String> {
-    let value: Value = serde_json::from_slice(body).ok()?;
-    let error = value.get("error")?;
-    error
-        .get("code")
-        .and_then(Value::as_str)
-        .or_else(|| error.get("type").and_then(Value::as_str))
-        .map(str::to_owned)
+/// The last `"usage": { ... }` member in `tail`: the key, a colon and an object right after it
+/// (not just any object that follows the word somewhere).
+fn last_usage_object(tail: &[u8]) -> Option<Value> {
+    let needle = b"\"usage\"";
+    let mut end = tail.len();
+    while let Some(at) = tail[..end].windows(needle.len()).rposition(|w| w == needle) {
+        end = at;
+        let after = tail[at + needle.len()..].trim_ascii_start();
+        let Some(after) = after.strip_prefix(b":") else {
+            continue;
+        };
+        let after = after.trim_ascii_start();
+        if after.first() != Some(&b'{') {
+            continue;
+        }
+        let mut values = serde_json::Deserializer::from_slice(after).into_iter::<Value>();
+        if let Some(Ok(usage)) = values.next()
+            && usage.is_object()
+        {
+            return Some(usage);
+        }
+    }
+    None
+}
+
+/// The `error.code` (else `error.type`), the `error.message`, and the `error.type` of an error
+/// body.
+pub(crate) fn error_detail(body: &[u8]) -> (Option<String>, Option<String>, Option<String>) {
+    let Ok(value) = serde_json::from_slice::<Value>(body) else {
+        return (None, None, None);
+    };
+    let Some(error) = value.get("error") else {
+        return (None, None, None);
+    };
+    let text = |name: &str| error.get(name).and_then(Value::as_str).map(str::to_owned);
+    let kind = text("type");
+    let code = text("code").or_else(|| kind.clone());
+    // A provider's message is shown to people: bounded, one line.
+    let message = text("message").map(|m| {
+        let line: String = m.chars().filter(|c| !c.is_control()).take(500).collect();
+        line
+    });
+    (code, message, kind)
 }
 
 #[cfg(test)]
@@ -301,10 +404,11 @@ event: message_delta\r\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_to
         assert_eq!((usage.tokens, usage.output_tokens), (Some(30), Some(15)));
         let counted = reported.usage(&Profile::anthropic().cache_reads_count(true), &limits);
         assert_eq!(counted.tokens, Some(130));
-        // Without output windows, Anthropic's output is not charged to the token windows.
+        // Without output windows, Anthropic's output is settled nowhere: its input-token
+        // windows hold input alone, as they were charged up front.
         let no_output = Limits::parse("", "10000/m").unwrap();
         let usage = reported.usage(&Profile::anthropic(), &no_output);
-        assert_eq!((usage.tokens, usage.output_tokens), (Some(45), None));
+        assert_eq!((usage.tokens, usage.output_tokens), (Some(30), None));
     }
 
     #[test]
@@ -352,15 +456,20 @@ event: message_delta\r\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_to
 
     #[test]
     fn error_codes_come_from_code_or_type() {
+        let code = |body: &[u8]| error_detail(body).0;
         assert_eq!(
-            error_code(br#"{"error":{"code":"insufficient_quota","type":"insufficient_quota"}}"#)
+            code(br#"{"error":{"code":"insufficient_quota","type":"insufficient_quota"}}"#)
                 .as_deref(),
             Some("insufficient_quota")
         );
         assert_eq!(
-            error_code(br#"{"type":"error","error":{"type":"rate_limit_error"}}"#).as_deref(),
+            code(br#"{"type":"error","error":{"type":"rate_limit_error"}}"#).as_deref(),
             Some("rate_limit_error")
         );
-        assert_eq!(error_code(b"<html>"), None);
+        assert_eq!(code(b"<html>"), None);
+        let (_, message, _) = error_detail(
+            br#"{"error":{"code":"insufficient_quota","message":"You exceeded your current quota."}}"#,
+        );
+        assert_eq!(message.as_deref(), Some("You exceeded your current quota."));
     }
 }

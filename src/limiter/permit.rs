@@ -230,6 +230,32 @@ impl<S: Store> Permit<S> {
     }
 }
 
+impl<S: Store> Permit<S> {
+    /// The call never went out: everything it was charged comes back (and, in flight, it is
+    /// done). In the background, on a remote store.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn give_back(mut self) {
+        let cost = self.cost;
+        match self.flight.take() {
+            Some(flight) => {
+                self.limiter.landed();
+                self.limiter.settle_in_background(Op::Settle {
+                    flight,
+                    charged: cost,
+                    used: [Some(0); 3],
+                    last: true,
+                });
+            }
+            None => self.limiter.settle_in_background(Op::Adjust {
+                requests: clamp(u128::from(cost.requests)),
+                tokens: clamp(u128::from(cost.tokens)),
+                output_tokens: clamp(u128::from(cost.output_tokens)),
+            }),
+        }
+        self.limiter.refunded();
+    }
+}
+
 impl<S: Store> Drop for Permit<S> {
     fn drop(&mut self) {
         // A call in flight that never settled keeps its estimate, and is done.

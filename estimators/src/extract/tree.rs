@@ -70,8 +70,16 @@ impl Tree {
             Tree::Int(n) => {
                 let _ = write!(out, "{n}");
             }
+            // As a JSON writer sends it (the shortest of the plain and the exponent forms, as
+            // serde_json's ryu does): `1e308` is 5 characters, not the 309 of Rust's `Display`.
             Tree::Float(x) if x.is_finite() => {
-                let _ = write!(out, "{x}");
+                let plain = format!("{x}");
+                let exponent = format!("{x:e}");
+                out.push_str(if exponent.len() < plain.len() {
+                    &exponent
+                } else {
+                    &plain
+                });
             }
             Tree::Float(_) => out.push_str("null"),
             Tree::Str(s) => quote(s, out),

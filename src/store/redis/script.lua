@@ -25,7 +25,7 @@
 --   penalize  the pause in milliseconds, the spent currencies (a mask: 1, 2, 4)
 --   lower     currency, remaining tokens
 --   sync      flight, charged (3), remaining (3, -1: not said), foreign (3), margin (3),
---             margin only where above (0 or 1), refused (0 or 1)
+--             margin only where above (3, 0 or 1), refused (0 or 1)
 --   settle    flight, charged (3), used (3, -1: as charged), last (0 or 1)
 --
 -- Time: the rule book counts nanoseconds, the script milliseconds (the server's TIME,
@@ -713,10 +713,10 @@ elseif op == 'sync' then
   local remaining = cost_args(args + 5, -1)
   local foreign = cost_args(args + 8, 0)
   local margin = cost_args(args + 11, 0)
-  local if_above = int(ARGV[args + 14], 0, 1)
-  local refused = int(ARGV[args + 15], 0, 1)
+  local if_above = {int(ARGV[args + 14], 0, 1), int(ARGV[args + 15], 0, 1), int(ARGV[args + 16], 0, 1)}
+  local refused = int(ARGV[args + 17], 0, 1)
   if id == nil or charged == nil or remaining == nil or foreign == nil or margin == nil
-    or if_above == nil or refused == nil then
+    or if_above[1] == nil or if_above[2] == nil or if_above[3] == nil or refused == nil then
     return fail('bad sync')
   end
   apply({-foreign[1], -foreign[2], -foreign[3]})
@@ -742,7 +742,7 @@ elseif op == 'sync' then
       local tokens = whole(i, levels[i] - target)
       if above[c] == nil or tokens < above[c] then above[c] = tokens end
       local m = margin[c]
-      if if_above == 1 and tokens <= 0 then m = 0 end
+      if if_above[c] == 1 and (tokens <= 0 or ambiguous) then m = 0 end
       target = target - units(i, m)
       if target < 0 then target = 0 end
       if levels[i] > target then levels[i] = target end

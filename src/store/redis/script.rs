@@ -148,7 +148,7 @@ pub(super) fn op_args(op: Op) -> (&'static str, Vec<i64>) {
             args.extend(sync.remaining.map(maybe));
             args.extend(sync.foreign.map(amount));
             args.extend(sync.margin.map(amount));
-            args.push(flag(sync.margin_if_above));
+            args.extend(sync.margin_if_above.map(flag));
             args.push(flag(sync.refused));
             ("sync", args)
         }

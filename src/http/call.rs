@@ -1,0 +1,416 @@
+//! One request on its way: sent, answered (header sync, 429s), settled.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::SystemTime;
+
+use http::{HeaderMap, StatusCode};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
+
+use super::foreign::start_charger;
+use super::gate::{Gate, LimitsFrom};
+use super::headers::{RateHeader, rate_headers, retry_pause};
+use super::keys::Keyed;
+use super::usage::{Reported, error_detail};
+use super::verdict::Verdict;
+use crate::bucket::{SyncArgs, index};
+use crate::{Cost, Currencies, Currency, Error, Limiter, Permit, Usage};
+
+/// One request on its way: admitted, and waiting for its response.
+///
+/// Dropping it after [`sending`](Call::sending) without [`finish`](Call::finish) keeps what
+/// was charged (the estimate); dropping it before gives the charge back (the call never went
+/// out).
+pub struct Call {
+    gate: Gate,
+    state: Arc<Keyed>,
+    permit: Option<Permit>,
+    _learning: Option<OwnedSemaphorePermit>,
+    stream: bool,
+    sent: Option<Instant>,
+}
+
+impl fmt::Debug for Call {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Call")
+            .field("key", &self.state.key)
+            .field("cost", &self.permit.as_ref().map(Permit::cost))
+            .field("stream", &self.stream)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        if self.sent.is_none()
+            && let Some(permit) = self.permit.take()
+        {
+            permit.give_back();
+        }
+    }
+}
+
+/// The spending a 429 says is used up: the currencies whose `remaining` can't pay what the
+/// call needed in them; when the headers say nothing of it, the currencies the error's body
+/// names; when nothing says, all of them.
+fn spent(
+    read: &[RateHeader],
+    cost: Cost,
+    configured: &crate::Limits,
+    body: Option<&[u8]>,
+) -> Currencies {
+    let counted: Vec<&RateHeader> = read
+        .iter()
+        .filter(|r| r.remaining.is_some() && !configured.of(r.currency).is_empty())
+        .collect();
+    let short: Currencies = counted
+        .iter()
+        .filter(|r| {
+            r.remaining
+                .is_some_and(|left| left < cost.of(r.currency).max(1))
+        })
+        .map(|r| r.currency)
+        .collect();
+    if !short.is_empty() {
+        return short;
+    }
+    let every = Currency::ALL
+        .into_iter()
+        .filter(|c| !configured.of(*c).is_empty())
+        .all(|c| counted.iter().any(|r| r.currency == c));
+    if every {
+        // Every window's count says it can pay: the refusal is about something else (a
+        // concurrency limit, a count taken a moment earlier). Pause, but empty nothing.
+        return Currencies::NONE;
+    }
+    let (_, message, kind) = body.map(error_detail).unwrap_or_default();
+    let message = message.unwrap_or_default().to_ascii_lowercase();
+    let kind = kind.unwrap_or_default().to_ascii_lowercase();
+    // OpenAI: `"type": "tokens"` and "... on tokens per min (TPM) ..."; Anthropic: "... your
+    // rate limit of 50,000 input tokens per minute" (or output tokens, or requests).
+    let output = message.contains("output tokens per");
+    let tokens = message.contains("input tokens per")
+        || ((kind == "tokens" || message.contains("tokens per min") || message.contains("(tpm)"))
+            && !output);
+    let requests =
+        kind == "requests" || message.contains("requests per min") || message.contains("(rpm)");
+    let named: Currencies = [
+        (requests, Currency::Requests),
+        (tokens, Currency::Tokens),
+        (output, Currency::OutputTokens),
+    ]
+    .into_iter()
+    .filter_map(|(said, currency)| said.then_some(currency))
+    .collect();
+    if named.is_empty() {
+        Currencies::ALL
+    } else {
+        named
+    }
+}
+
+impl Call {
+    pub(super) fn new(
+        gate: Gate,
+        state: Arc<Keyed>,
+        permit: Option<Permit>,
+        learning: Option<OwnedSemaphorePermit>,
+        stream: bool,
+    ) -> Call {
+        Call {
+            gate,
+            state,
+            permit,
+            _learning: learning,
+            stream,
+            sent: None,
+        }
+    }
+
+    /// The key.
+    pub fn key(&self) -> &str {
+        &self.state.key
+    }
+
+    /// What the call paid (`None` while its key's limits are unknown).
+    pub fn cost(&self) -> Option<Cost> {
+        self.permit.as_ref().map(Permit::cost)
+    }
+
+    /// Marks the call as sent now. Adapters call this right before sending: a call dropped
+    /// before it was sent gives its charge back, one dropped after keeps it. (The store takes
+    /// the call's admission as the instant it went out, for every process.)
+    pub fn sending(&mut self) {
+        self.sent = Some(Instant::now());
+    }
+
+    /// True when the request asked for a stream (`"stream": true`): its usage comes in
+    /// server-sent events.
+    pub fn is_stream(&self) -> bool {
+        self.stream
+    }
+
+    /// The limiter that admitted the call, or the key's (learned) one.
+    fn limiter(&self) -> Option<Limiter> {
+        match &self.permit {
+            Some(permit) => Some(permit.limiter().clone()),
+            None => self.state.limiter(),
+        }
+    }
+
+    /// Reads the response's status and headers: brings the key's windows in line with the
+    /// `remaining` headers (only ever lowering them; see the [module docs](super) for how),
+    /// learns a key's limits from them when the gate takes its limits from the headers, and
+    /// for a 429 says whether it is worth retrying, pausing the key for a transient one.
+    /// `error_body` is the body of a 429, for its error code and message.
+    ///
+    /// The provider has answered, and billed the call: nothing that goes wrong here (a store
+    /// that fails, limits that can't be learned) takes the answer's place. It is logged, and
+    /// counted in `tollgate_gate_errors_total`.
+    pub async fn respond(
+        &mut self,
+        status: StatusCode,
+        headers: &HeaderMap,
+        error_body: Option<&[u8]>,
+    ) -> Verdict {
+        let gate = Arc::clone(&self.gate.inner);
+        let now = SystemTime::now();
+        let (read, malformed) = rate_headers_checked(&gate.profile, headers, now);
+        if malformed && !self.state.warned_malformed.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                key = %self.state.key,
+                "a rate-limit header of the provider can't be read; this answer does not sync it",
+            );
+        }
+        if let LimitsFrom::Headers(period) = gate.limits
+            && let Err(err) = self.state.learn(self.gate.registry(), period, &read)
+        {
+            self.failed("learning the limits", &err);
+        }
+        let refused = status == StatusCode::TOO_MANY_REQUESTS;
+        if let Some(limiter) = self.limiter()
+            && let Err(err) = self.sync(&limiter, &read, refused).await
+        {
+            self.failed("the header sync", &err);
+        }
+        // The provider has answered: the calls waiting for this one's answer go on.
+        self.state.heard.store(true, Ordering::Release);
+        self._learning = None;
+        if !refused {
+            return Verdict::Passed;
+        }
+        let (code, message, _) = error_body.map(error_detail).unwrap_or_default();
+        let pause = retry_pause(headers, now);
+        let said_when =
+            headers.contains_key("retry-after") || headers.contains_key("retry-after-ms");
+        let permanent = code
+            .as_deref()
+            .is_some_and(|c| gate.profile.permanent_codes.iter().any(|p| p == c))
+            || (!said_when && gate.profile.permanent_without_retry_after);
+        let limiter = self.limiter();
+        if permanent {
+            if let Some(limiter) = &limiter {
+                limiter.meters().permanent_429s.increment(1);
+            }
+            return Verdict::Permanent { code, message };
+        }
+        // The reset of a spent currency stands in for a missing Retry-After.
+        let pause = pause.or_else(|| {
+            read.iter()
+                .filter(|r| r.remaining == Some(0))
+                .filter_map(|r| r.reset)
+                .max()
+        });
+        if let Some(limiter) = limiter {
+            limiter.meters().transient_429s.increment(1);
+            let cost = self.cost().unwrap_or_default();
+            let spent = spent(&read, cost, limiter.limits(), error_body);
+            let pause_for = pause.unwrap_or_else(|| gate.backoff.base());
+            match limiter.penalize_spent(pause_for, spent).await {
+                Ok(()) => self.state.foreign.penalized(spent),
+                Err(err) => self.failed("the penalty", &err),
+            }
+            self.warn_if_retried_inside(pause);
+        }
+        Verdict::Transient { pause }
+    }
+
+    /// A 429 whose call took longer than its own pause to come back was most likely retried
+    /// by something between the gate and the network: every attempt must pass the gate.
+    fn warn_if_retried_inside(&self, pause: Option<std::time::Duration>) {
+        let (Some(sent), Some(pause)) = (self.sent, pause) else {
+            return;
+        };
+        let took = sent.elapsed();
+        if took > pause + std::time::Duration::from_secs(1)
+            && !self.gate.inner.warned_inside.swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                key = %self.state.key,
+                ?took,
+                ?pause,
+                "a 429 came back after longer than its own pause: a retry layer may sit between the gate and the network, sending attempts the gate never sees; put the gate inside it (closest to the network), or let the gate retry",
+            );
+        }
+    }
+
+    /// Logs and counts an error that happened after the provider answered.
+    fn failed(&self, what: &str, err: &Error) {
+        metrics::counter!("tollgate_gate_errors_total", "key" => self.state.key.clone())
+            .increment(1);
+        tracing::warn!(key = %self.state.key, error = %err, "{what} failed after the provider answered; the answer stands");
+    }
+
+    async fn sync(
+        &self,
+        limiter: &Limiter,
+        read: &[RateHeader],
+        refused: bool,
+    ) -> Result<(), Error> {
+        let gate = &self.gate.inner;
+        let limits = limiter.limits();
+        let model = gate.sync && gate.foreign;
+        let mut args = SyncArgs {
+            flight: self.permit.as_ref().and_then(Permit::flight).unwrap_or(0),
+            charged: self.cost().unwrap_or_default(),
+            refused,
+            ..SyncArgs::default()
+        };
+        for header in read {
+            let configured = limits.of(header.currency);
+            if configured.is_empty() {
+                continue;
+            }
+            if let (Some(limit), Some(capacity)) = (header.limit, configured.capacity())
+                && limit != capacity
+                && !self.state.warned_limit.swap(true, Ordering::Relaxed)
+            {
+                tracing::warn!(
+                    key = %self.state.key,
+                    currency = %header.currency,
+                    provider = limit,
+                    configured = capacity,
+                    "the provider's limit differs from the configured one",
+                );
+            }
+            let (Some(remaining), true) = (header.remaining, gate.sync) else {
+                continue;
+            };
+            // A rounded count is read as the most it could be (Anthropic rounds its token
+            // counts, not its request counts).
+            let rounding = gate.profile.rounding;
+            let remaining = if rounding > 0 && header.currency != Currency::Requests {
+                remaining.saturating_add(rounding.div_ceil(2) - 1)
+            } else {
+                remaining
+            };
+            let i = index(header.currency);
+            args.remaining[i] = Some(remaining);
+            if model {
+                let capacity = configured.capacity().unwrap_or(0);
+                let (margin, if_above) = self.state.foreign.margin(header.currency, capacity);
+                args.margin[i] = margin;
+                args.margin_if_above[i] = if_above;
+            }
+        }
+        if model {
+            args.foreign = self.state.foreign.due();
+        }
+        if args.remaining.iter().all(Option::is_none) && args.foreign == [0; 3] {
+            return Ok(());
+        }
+        let (above, ambiguous) = limiter.sync(args).await?;
+        if !model {
+            return Ok(());
+        }
+        for currency in Currency::ALL {
+            let i = index(currency);
+            let Some(above) = above[i] else {
+                continue;
+            };
+            let applied = if args.margin_if_above[i] && (above <= 0 || ambiguous) {
+                0
+            } else {
+                args.margin[i]
+            };
+            let gap = above.min(-i64::try_from(applied).unwrap_or(i64::MAX));
+            if !ambiguous && above > 0 {
+                self.state.foreign.spent_elsewhere(currency);
+            }
+            let most = limits
+                .of(currency)
+                .as_slice()
+                .iter()
+                .map(|r| r.amount() as f64 / r.period().as_secs_f64())
+                .fold(f64::INFINITY, f64::min);
+            if self
+                .state
+                .foreign
+                .synced(currency, above, gap, most, !ambiguous)
+            {
+                start_charger(Arc::downgrade(&self.state.foreign), limiter.clone());
+            }
+            if currency == Currency::Tokens {
+                limiter
+                    .meters()
+                    .foreign_rate
+                    .set(self.state.foreign.rate_of(currency));
+            }
+        }
+        Ok(())
+    }
+
+    /// Settles the input a stream reported at its start (Anthropic's `message_start`) while
+    /// the output is still being written: a cached prefix is charged for what it really cost
+    /// from then on, not its estimate. The output settles at the end, in
+    /// [`finish`](Call::finish).
+    pub async fn settle_input(&mut self, reported: Reported) -> Result<(), Error> {
+        let Some(permit) = self.permit.as_mut() else {
+            return Ok(());
+        };
+        let usage = reported.usage(&self.gate.inner.profile, permit.limiter().limits());
+        if usage.tokens.is_none() {
+            return Ok(());
+        }
+        permit
+            .settle_part(Usage {
+                tokens: usage.tokens,
+                output_tokens: None,
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// Settles the call with the usage its response reported: a refund for an overestimate;
+    /// for an underestimate, a charge, less what a header sync or a 429 that counted this call
+    /// already took off the windows (never more than it took). Answers the usage settled.
+    pub async fn finish(mut self, reported: Reported) -> Result<Usage, Error> {
+        self.sent.get_or_insert_with(Instant::now);
+        let Some(permit) = self.permit.take() else {
+            return Ok(Usage::default());
+        };
+        let usage = reported.usage(&self.gate.inner.profile, permit.limiter().limits());
+        permit.settle_usage(usage).await?;
+        Ok(usage)
+    }
+}
+
+/// The rate-limit headers, and whether one of them was there but could not be read.
+fn rate_headers_checked(
+    profile: &super::Profile,
+    headers: &HeaderMap,
+    now: SystemTime,
+) -> (Vec<RateHeader>, bool) {
+    let read = rate_headers(profile, headers, now);
+    let malformed = profile.headers.iter().any(|names| {
+        let unread = |name: &str, got: Option<&RateHeader>, field: fn(&RateHeader) -> bool| {
+            headers.contains_key(name) && !got.is_some_and(field)
+        };
+        let got = read.iter().find(|r| r.currency == names.currency);
+        unread(&names.remaining, got, |r| r.remaining.is_some())
+            || unread(&names.limit, got, |r| r.limit.is_some())
+    });
+    (read, malformed)
+}
