@@ -4,13 +4,18 @@
 //! async-openai client with the tollgate layer, settling every call from its usage: once with
 //! header sync (the `x-ratelimit-remaining-*` headers lower the windows) and once without.
 //!
+//! The stand-in counts a call (and stamps the `remaining` it sends back) when the call arrives,
+//! and answers after a latency: at once, after about 0.3 s, and after about 3 s (150 ms plus
+//! a time per output token), one line each.
+//!
 //! ```text
-//! cargo run --release --features async-openai --example neighbour
+//! cargo run --release --features async-openai --example neighbour           # all three
+//! cargo run --release --features async-openai --example neighbour -- '~3 s' # one of them
 //! ```
 //!
-//! It ends with one line: `neighbour: with sync N 429s in X s; without sync M 429s in Y s;
-//! ideal Z s`, where the ideal is the agent's tokens beyond the burst at the 70% of the refill
-//! rate the neighbour leaves it.
+//! Each line: `neighbour, answers ~L: with sync N 429s in X s; without sync M 429s in Y s;
+//! ideal Z s`, where the ideal is the best schedule the stand-in allows a client that knows
+//! everything, with the neighbour taking its 30% of the refill.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -23,7 +28,7 @@ use async_openai::types::chat::CreateChatCompletionRequest;
 use tollgate::http::async_openai::GateLayer;
 use tollgate::http::{Gate, Profile};
 use tollgate::{Limits, MemoryStore, Registry};
-use tollgate_testkit::provider::{Options, Provider, chat_prompt, workload};
+use tollgate_testkit::provider::{Options, Provider, ideal_seconds, workload};
 
 const REQUESTS: u64 = 120;
 const TOKENS: u64 = 20_000;
@@ -33,8 +38,8 @@ const SHARE: f64 = 0.3;
 
 /// One run: a fresh stand-in and neighbour, the 60 calls at once; answers the agent's 429s
 /// and how long its calls took.
-async fn run(sync: bool) -> (u64, f64) {
-    let provider = Arc::new(Provider::start_with(Options::openai(REQUESTS, TOKENS, PERIOD)).await);
+async fn run(options: Options, sync: bool) -> (u64, f64) {
+    let provider = Arc::new(Provider::start_with(options).await);
     // The neighbour: every 50 ms it spends another slice of its share, whatever the agent
     // does (what doesn't fit is paid from the refill before the agent gets any).
     let neighbour = {
@@ -58,6 +63,7 @@ async fn run(sync: bool) -> (u64, f64) {
         .registry(registry)
         .sync(sync)
         .retries(10)
+        .timeout(Some(Duration::from_secs(120)))
         .build()
         .expect("a gate");
     let service = tower::ServiceBuilder::new()
@@ -90,22 +96,24 @@ async fn run(sync: bool) -> (u64, f64) {
 
 #[tokio::main]
 async fn main() {
-    // What the agent's calls cost net (prompt plus what the stand-in's model writes), and the
-    // ideal: beyond the burst, at the 70% of the refill rate the neighbour leaves.
-    let net: u64 = workload()
-        .iter()
-        .map(|body| {
-            let prompt = chat_prompt(body);
-            prompt + 100u64.min(10 + prompt % 40)
-        })
-        .sum();
-    let rate = TOKENS as f64 / PERIOD.as_secs_f64() * (1.0 - SHARE);
-    let ideal = net.saturating_sub(TOKENS) as f64 / rate;
-    let (synced_429s, synced) = run(true).await;
-    println!("with sync: {synced_429s} 429s in {synced:.1} s");
-    let (blind_429s, blind) = run(false).await;
-    println!("without sync: {blind_429s} 429s in {blind:.1} s");
-    println!(
-        "neighbour: with sync {synced_429s} 429s in {synced:.1} s; without sync {blind_429s} 429s in {blind:.1} s; ideal {ideal:.1} s"
-    );
+    let base = Options::openai(REQUESTS, TOKENS, PERIOD);
+    let ms = Duration::from_millis;
+    let scenarios = [
+        ("at once", base.clone()),
+        ("~0.3 s", base.clone().latency(ms(150), ms(5))),
+        ("~3 s", base.clone().latency(ms(150), ms(95))),
+    ];
+    // One scenario alone when named: `at once`, `~0.3 s` or `~3 s`.
+    let only = std::env::args().nth(1).unwrap_or_default();
+    for (latency, options) in scenarios {
+        if !only.is_empty() && latency != only {
+            continue;
+        }
+        let ideal = ideal_seconds(&workload(), &options, SHARE);
+        let (synced_429s, synced) = run(options.clone(), true).await;
+        let (blind_429s, blind) = run(options, false).await;
+        println!(
+            "neighbour, answers {latency}: with sync {synced_429s} 429s in {synced:.1} s; without sync {blind_429s} 429s in {blind:.1} s; ideal {ideal:.1} s"
+        );
+    }
 }

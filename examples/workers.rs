@@ -116,51 +116,6 @@ async fn worker(args: &Args, url: &str, key: &str) -> Result<(), Box<dyn std::er
     Ok(())
 }
 
-/// What the script does inside Redis: `INFO commandstats` counts these too, but no client
-/// sent them.
-const SCRIPT_INSIDE: &[&str] = &[
-    "hget",
-    "hmget",
-    "hset",
-    "hdel",
-    "hexists",
-    "zadd",
-    "zrem",
-    "zrange",
-    "zrangebyscore",
-    "zrevrangebyscore",
-    "zcard",
-    "zcount",
-    "pexpire",
-    "time",
-];
-
-/// Commands clients sent the server, from `INFO commandstats` (the `INFO` asking excluded).
-async fn commands_run(url: &str) -> Result<u64, Box<dyn std::error::Error>> {
-    let client = redis::Client::open(url)?;
-    let mut connection = client.get_multiplexed_async_connection().await?;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut connection)
-        .await?;
-    Ok(info
-        .lines()
-        .filter_map(|line| {
-            let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            if name == "info" || SCRIPT_INSIDE.contains(&name) {
-                return None;
-            }
-            stats
-                .split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum())
-}
-
 /// The interval where admissions most exceed `B + r·dt` (times in ms, exact), if any.
 fn worst_window(times: &[u64], (per_sec, burst): (u64, u64)) -> Option<(u64, u64, u64)> {
     let mut worst = None;
@@ -219,7 +174,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let commands_before = match commands_run(&url).await {
+    let commands_before = match tollgate_testkit::redis::client_commands(&url).await {
         Ok(n) => n,
         Err(err) => {
             eprintln!("workers: INFO commandstats: {err}");
@@ -265,7 +220,7 @@ async fn main() -> ExitCode {
         println!("worker {n}: {} calls admitted", mine.len());
         times.extend(mine);
     }
-    let commands = match commands_run(&url).await {
+    let commands = match tollgate_testkit::redis::client_commands(&url).await {
         Ok(n) => n.saturating_sub(commands_before),
         Err(err) => {
             eprintln!("workers: INFO commandstats: {err}");

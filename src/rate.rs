@@ -85,6 +85,7 @@ impl Currencies {
 
     /// The set as a bit mask (requests 1, tokens 2, output tokens 4): how the Redis script
     /// takes it.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn bits(self) -> u8 {
         self.0
     }

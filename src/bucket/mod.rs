@@ -396,10 +396,11 @@ pub struct SyncArgs {
     pub foreign: [u64; 3],
     /// How far below the provider's count to leave each currency.
     pub margin: [u64; 3],
-    /// Per currency, true: the margin applies only where a window was found above the count,
-    /// and the count was not ambiguous.
+    /// Per currency, true: the margin applies only where a window was found above the count
+    /// of a call the key remembers.
     pub margin_if_above: [bool; 3],
-    /// The answer was a 429: the call was charged here and not there.
+    /// The answer was a 429: the provider counted nothing of the call, so what it was charged
+    /// here comes back, and it is done.
     pub refused: bool,
 }
 

@@ -435,9 +435,16 @@ impl KeyState {
             _ => (0, [0; 3], true),
         };
         if args.refused {
+            // The provider refused the call and counted nothing of it: what it was charged
+            // here comes back, and it is done (an adapter that retries admits it again).
             let charged = found.map_or(per_currency(args.charged), |(_, f)| f.charged);
-            for (sum, own) in unseen.iter_mut().zip(charged) {
-                *sum = sum.saturating_add(own);
+            self.apply(
+                limits,
+                Delta::from_array(charged.map(|c| clamp_i64(i128::from(c)))),
+            );
+            if let (Some(flights), Some((i, _))) = (self.flights.as_deref_mut(), found) {
+                flights.list[i].charged = [0; 3];
+                flights.list[i].done = true;
             }
         }
         let mut above: PerCurrency<Option<i64>> = [None; 3];
@@ -450,9 +457,10 @@ impl KeyState {
             let target = (counted - w.units(unseen[i])).max(0);
             let tokens = clamp_i64(w.whole(*level - target));
             above[i] = Some(above[i].map_or(tokens, |a| a.min(tokens)));
-            // A margin held ready for spending elsewhere applies only where a clear count
-            // shows the windows above it.
-            let margin = if args.margin_if_above[i] && (tokens <= 0 || ambiguous) {
+            // A margin held ready for spending elsewhere applies only where the count of a
+            // call the key remembers shows the windows above it (calls that went out close to
+            // it were taken as counted, so the excess is the least there can be).
+            let margin = if args.margin_if_above[i] && (tokens <= 0 || found.is_none()) {
                 0
             } else {
                 args.margin[i]
@@ -472,6 +480,12 @@ impl KeyState {
             }
             if lowered {
                 flights.covers = flight.id;
+            }
+            if args.refused {
+                flights.prune(now);
+                if flights.list.is_empty() {
+                    self.flights = None;
+                }
             }
         }
         self.replan();

@@ -190,10 +190,18 @@ impl Call {
             self.failed("learning the limits", &err);
         }
         let refused = status == StatusCode::TOO_MANY_REQUESTS;
-        if let Some(limiter) = self.limiter()
-            && let Err(err) = self.sync(&limiter, &read, refused).await
-        {
-            self.failed("the header sync", &err);
+        if let Some(limiter) = self.limiter() {
+            match self.sync(&limiter, &read, refused).await {
+                // The provider counted nothing of a refused call: the sync gave its charge
+                // back.
+                Ok(()) if refused => {
+                    if let Some(permit) = self.permit.as_mut() {
+                        permit.refused();
+                    }
+                }
+                Ok(()) => {}
+                Err(err) => self.failed("the header sync", &err),
+            }
         }
         // The provider has answered: the calls waiting for this one's answer go on.
         self.state.heard.store(true, Ordering::Release);
@@ -318,7 +326,8 @@ impl Call {
         if model {
             args.foreign = self.state.foreign.due();
         }
-        if args.remaining.iter().all(Option::is_none) && args.foreign == [0; 3] {
+        let nothing = args.remaining.iter().all(Option::is_none) && args.foreign == [0; 3];
+        if nothing && !(refused && args.flight > 0) {
             return Ok(());
         }
         let (above, ambiguous) = limiter.sync(args).await?;
@@ -330,13 +339,34 @@ impl Call {
             let Some(above) = above[i] else {
                 continue;
             };
-            let applied = if args.margin_if_above[i] && (above <= 0 || ambiguous) {
+            // Calls that went out within a few milliseconds of this one were taken as counted:
+            // an excess found despite that is the least there can be, and tells of spending
+            // elsewhere even from an ambiguous count.
+            let remembered = args.flight > 0;
+            let certain = remembered && (!ambiguous || above > 0);
+            let applied = if args.margin_if_above[i] && (above <= 0 || !remembered) {
                 0
             } else {
                 args.margin[i]
             };
-            let gap = above.min(-i64::try_from(applied).unwrap_or(i64::MAX));
-            if !ambiguous && above > 0 {
+            let applied = i64::try_from(applied).unwrap_or(i64::MAX);
+            // The windows sit further below the count than the margin: the model charged more
+            // than was spent elsewhere. What it charged since the last sync may come back, up
+            // to the margin below the count (never above it: the provider's count still wins).
+            let deficit = above.saturating_neg().saturating_sub(applied);
+            let back = if certain && deficit > 0 {
+                deficit.min(
+                    i64::try_from(self.state.foreign.charged_since_sync(currency))
+                        .unwrap_or(i64::MAX),
+                )
+            } else {
+                0
+            };
+            if back > 0 {
+                limiter.give_back(currency, back.unsigned_abs()).await?;
+            }
+            let gap = (above + back).min(-applied);
+            if certain && above > 0 {
                 self.state.foreign.spent_elsewhere(currency);
             }
             let most = limits
@@ -348,7 +378,7 @@ impl Call {
             if self
                 .state
                 .foreign
-                .synced(currency, above, gap, most, !ambiguous)
+                .synced(currency, above, gap, most, certain)
             {
                 start_charger(Arc::downgrade(&self.state.foreign), limiter.clone());
             }

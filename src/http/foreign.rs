@@ -62,6 +62,8 @@ struct Model {
     /// Charged through this time (a little ahead of now).
     charged_at: Instant,
     charger: bool,
+    /// The margin was kept back once before any answer came.
+    blind: bool,
 }
 
 /// One key's model of foreign spending.
@@ -84,6 +86,7 @@ impl Default for Foreign {
                 elsewhere: [None; 3],
                 charged_at: Instant::now(),
                 charger: false,
+                blind: false,
             }),
         }
     }
@@ -208,6 +211,37 @@ impl Foreign {
         let i = index(currency);
         let seen = model.elsewhere[i].is_some_and(|at| at.elapsed().as_secs_f64() < MEMORY);
         (capacity / MARGIN, !(model.rate[i] > 0.0 || seen))
+    }
+
+    /// The first answer on a key is slow in coming, and calls are about to go without it: what
+    /// others spent from the quota meanwhile is unknown, so the windows keep the margin back
+    /// until the provider has answered, charged as spending elsewhere (the first sync gives
+    /// back what was not spent). Once per key.
+    pub(super) async fn blind(&self, limiter: &Limiter) -> Result<(), crate::Error> {
+        {
+            let mut model = self.model();
+            if model.blind {
+                return Ok(());
+            }
+            model.blind = true;
+        }
+        for currency in Currency::ALL {
+            let Some(capacity) = limiter.limits().of(currency).capacity() else {
+                continue;
+            };
+            let margin = capacity / MARGIN;
+            if margin > 0 {
+                limiter.charge(currency, margin).await?;
+                self.model().charged[index(currency)] += margin as f64;
+            }
+        }
+        Ok(())
+    }
+
+    /// What the model charged for `currency` since its last sync (before that sync is taken
+    /// into account): the most a sync that finds the windows too low may give back.
+    pub(super) fn charged_since_sync(&self, currency: Currency) -> u64 {
+        self.model().charged[index(currency)].max(0.0) as u64
     }
 
     /// The estimated rate of `currency`, in tokens a second.

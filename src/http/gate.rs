@@ -430,8 +430,14 @@ impl Gate {
                                 let turn = turn.expect("the semaphore is never closed");
                                 (!state.heard.load(Ordering::Acquire)).then_some(turn)
                             }
-                            // The first answer is slow in coming: go without it.
-                            Err(_) => None,
+                            // The first answer is slow in coming: go without it, keeping the
+                            // margin back until it comes.
+                            Err(_) => {
+                                if self.inner.foreign {
+                                    state.foreign.blind(&limiter).await?;
+                                }
+                                None
+                            }
                         }
                     }
                     _ => None,

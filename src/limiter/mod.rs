@@ -101,9 +101,12 @@ pub(crate) struct Meters {
     /// Tokens a header sync took off to reach the provider's count.
     pub(crate) lowered: metrics::Counter,
     /// The provider's 429s, by kind.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) transient_429s: metrics::Counter,
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) permanent_429s: metrics::Counter,
     /// The modelled rate of spending elsewhere, in tokens a second.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) foreign_rate: metrics::Gauge,
 }
 
@@ -451,6 +454,23 @@ impl<S: Store> Limiter<S> {
         })
         .await
         .map(|_| ())
+    }
+
+    /// Gives `tokens` back to every window of `currency` (never above capacity): what the
+    /// model of spending elsewhere charged beyond what was spent.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) async fn give_back(&self, currency: Currency, tokens: u64) -> Result<(), Error> {
+        let amount = i64::try_from(tokens).unwrap_or(i64::MAX);
+        let mut delta = [0i64; 3];
+        delta[crate::bucket::index(currency)] = amount;
+        self.call_bounded(Op::Adjust {
+            requests: delta[0],
+            tokens: delta[1],
+            output_tokens: delta[2],
+        })
+        .await?;
+        self.refunded();
+        Ok(())
     }
 
     fn admitted(&self, cost: Cost, waited: Duration, flight: Option<u64>) -> Permit<S> {

@@ -81,6 +81,16 @@ impl<S: Store> Permit<S> {
         self.flight
     }
 
+    /// The provider refused the call, and a sync gave its charge back and marked it done in
+    /// the store: nothing is left to settle or to give back.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn refused(&mut self) {
+        if self.flight.take().is_some() {
+            self.limiter.landed();
+        }
+        self.cost = Cost::new(0, 0);
+    }
+
     /// What the call paid.
     pub fn cost(&self) -> Cost {
         self.cost

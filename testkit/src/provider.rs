@@ -102,6 +102,13 @@ pub struct Options {
     /// Every call is refused for good (OpenAI's `insufficient_quota`; Anthropic's spend-limit
     /// 429, which has no `retry-after`).
     pub permanent: bool,
+    /// How long an answer takes: a fixed part, then this much per output token. The call is
+    /// counted (and its `remaining` headers stamped) when it arrives; a plain answer's head
+    /// comes with its body, at the end; a stream's head comes after the fixed part, its events
+    /// as the tokens are written. The unused part of a reservation comes back when the answer
+    /// is done.
+    pub latency: Duration,
+    pub per_output_token: Duration,
 }
 
 impl Options {
@@ -113,6 +120,8 @@ impl Options {
             output_tokens: None,
             period,
             permanent: false,
+            latency: Duration::ZERO,
+            per_output_token: Duration::ZERO,
         }
     }
 
@@ -124,6 +133,17 @@ impl Options {
             output_tokens: Some(output),
             period,
             permanent: false,
+            latency: Duration::ZERO,
+            per_output_token: Duration::ZERO,
+        }
+    }
+
+    /// Answers that take `fixed` plus `per_token` per output token.
+    pub fn latency(self, fixed: Duration, per_token: Duration) -> Options {
+        Options {
+            latency: fixed,
+            per_output_token: per_token,
+            ..self
         }
     }
 
@@ -460,15 +480,22 @@ async fn serve(mut stream: TcpStream, state: &State, stats: &Stats) -> std::io::
             }
         }
         let headers = rate_headers(style, &windows);
-        if wait.is_zero() {
-            // The answer is written at once, so the unused reservation comes back now.
-            let unused = reserved - completion(input, reserved);
-            match (style, windows.output.as_mut()) {
-                (Style::Anthropic, Some(output)) => output.give(unused),
-                _ => windows.tokens.give(unused),
-            }
-        }
         (wait, headers)
+    };
+    let output = completion(input, reserved);
+    let answered = |state: &State| {
+        // The answer is done: the unused part of the reservation comes back.
+        let unused = reserved - output;
+        let mut windows = state.windows.lock().unwrap();
+        windows.requests.refill(Instant::now());
+        windows.tokens.refill(Instant::now());
+        match (style, windows.output.as_mut()) {
+            (Style::Anthropic, Some(window)) => {
+                window.refill(Instant::now());
+                window.give(unused)
+            }
+            _ => windows.tokens.give(unused),
+        }
     };
     if !wait.is_zero() {
         stats.refused.fetch_add(1, Ordering::Relaxed);
@@ -491,8 +518,8 @@ async fn serve(mut stream: TcpStream, state: &State, stats: &Stats) -> std::io::
         )
         .await;
     }
-    let output = completion(input, reserved);
     stats.ok.fetch_add(1, Ordering::Relaxed);
+    let writing = state.options.per_output_token * u32::try_from(output).unwrap_or(u32::MAX);
     stats.tokens.fetch_add(input + output, Ordering::Relaxed);
     let streaming = body["stream"].as_bool() == Some(true);
     if streaming {
@@ -533,8 +560,15 @@ async fn serve(mut stream: TcpStream, state: &State, stats: &Stats) -> std::io::
         let head = format!(
             "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n{headers}Connection: close\r\n\r\n"
         );
+        tokio::time::sleep(state.options.latency).await;
         stream.write_all(head.as_bytes()).await?;
-        for event in events {
+        let last = events.len().saturating_sub(1);
+        for (i, event) in events.into_iter().enumerate() {
+            if i == last {
+                // The tokens are written before the stream's last events.
+                tokio::time::sleep(writing).await;
+                answered(state);
+            }
             stream.write_all(event.as_bytes()).await?;
             stream.flush().await?;
         }
@@ -558,6 +592,8 @@ async fn serve(mut stream: TcpStream, state: &State, stats: &Stats) -> std::io::
                "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
                "usage": {"prompt_tokens": input, "completion_tokens": output, "total_tokens": input + output}})
     };
+    tokio::time::sleep(state.options.latency + writing).await;
+    answered(state);
     respond(&mut stream, "200 OK", &headers, &reply.to_string()).await
 }
 
@@ -643,25 +679,7 @@ pub async fn post(addr: SocketAddr, body: &Value) -> std::io::Result<Response> {
 
 /// The workload: an agent's 60 chat calls of mixed sizes, each reserving 100 output tokens.
 pub fn workload() -> Vec<Value> {
-    let words = [
-        "rate", "limits", "keep", "agents", "polite", "and", "calls", "cheap",
-    ];
-    (0..60u64)
-        .map(|i| {
-            let length = 40 + (i * 97) % 900;
-            let text: Vec<&str> = (0..length)
-                .map(|w| words[(w + i) as usize % words.len()])
-                .collect();
-            json!({
-                "model": "gpt-4o",
-                "max_tokens": 100,
-                "messages": [
-                    {"role": "system", "content": "Answer in one line."},
-                    {"role": "user", "content": text.join(" ")}
-                ]
-            })
-        })
-        .collect()
+    chats(0, 60)
 }
 
 /// How one client fared.
@@ -809,4 +827,86 @@ pub async fn with_tollgate(addr: SocketAddr, bodies: &[Value]) -> Outcome {
     outcome.retries = outcome.refused;
     outcome.seconds = start.elapsed().as_secs_f64();
     outcome
+}
+
+/// The tokens a chat body is billed on arrival (its prompt plus the output it reserves), what
+/// the stand-in's model writes for it, and so how long its answer takes under `options`.
+fn billing(body: &Value, options: &Options) -> (u64, u64, f64) {
+    let (input, reserved) = bill("/v1/chat/completions", options.style, body);
+    let output = completion(input, reserved);
+    let took =
+        options.latency.as_secs_f64() + options.per_output_token.as_secs_f64() * output as f64;
+    (input + reserved, reserved - output, took)
+}
+
+/// The best schedule the stand-in allows for `bodies` sent in order by one client that knows
+/// everything: each call goes out the moment the provider can pay it (its prompt and its
+/// reservation, with a neighbour taking `neighbour_share` of the token refill), the unused
+/// part of its reservation comes back when its answer is done, and the run ends when the last
+/// answer does. In seconds from the start. (OpenAI style: one token window.)
+pub fn ideal_seconds(bodies: &[Value], options: &Options, neighbour_share: f64) -> f64 {
+    let period = options.period.as_secs_f64();
+    let token_rate = options.tokens as f64 / period * (1.0 - neighbour_share);
+    let request_rate = options.requests as f64 / period;
+    let (token_cap, request_cap) = (options.tokens as f64, options.requests as f64);
+    let (mut tokens, mut requests, mut now) = (token_cap, request_cap, 0.0f64);
+    // Refunds to come: (when, tokens), kept sorted by time.
+    let mut refunds: Vec<(f64, f64)> = Vec::new();
+    let mut end = 0.0f64;
+    let advance = |tokens: &mut f64, requests: &mut f64, by: f64| {
+        *tokens = (*tokens + token_rate * by).min(token_cap);
+        *requests = (*requests + request_rate * by).min(request_cap);
+    };
+    for body in bodies {
+        let (cost, unused, took) = billing(body, options);
+        let cost = cost as f64;
+        loop {
+            let wait = ((cost - tokens).max(0.0) / token_rate)
+                .max((1.0 - requests).max(0.0) / request_rate);
+            match refunds.first().copied() {
+                Some((when, amount)) if when <= now + wait => {
+                    advance(&mut tokens, &mut requests, (when - now).max(0.0));
+                    now = now.max(when);
+                    tokens = (tokens + amount).min(token_cap);
+                    refunds.remove(0);
+                }
+                _ => {
+                    advance(&mut tokens, &mut requests, wait);
+                    now += wait;
+                    break;
+                }
+            }
+        }
+        tokens -= cost;
+        requests -= 1.0;
+        let done = now + took;
+        let at = refunds.partition_point(|(when, _)| *when <= done);
+        refunds.insert(at, (done, unused as f64));
+        end = end.max(done);
+    }
+    end
+}
+
+/// `count` chat calls like the agent's of [`workload`] (prompts of 40 to 940 words, 100
+/// output tokens reserved), numbered from `first`.
+pub fn chats(first: u64, count: u64) -> Vec<Value> {
+    let words = [
+        "rate", "limits", "keep", "agents", "polite", "and", "calls", "cheap",
+    ];
+    (first..first + count)
+        .map(|i| {
+            let length = 40 + (i * 97) % 900;
+            let text: Vec<&str> = (0..length)
+                .map(|w| words[(w + i) as usize % words.len()])
+                .collect();
+            json!({
+                "model": "gpt-4o",
+                "max_tokens": 100,
+                "messages": [
+                    {"role": "system", "content": "Answer in one line."},
+                    {"role": "user", "content": text.join(" ")}
+                ]
+            })
+        })
+        .collect()
 }

@@ -727,9 +727,16 @@ elseif op == 'sync' then
     since = now - f.at
   end
   if refused == 1 then
+    -- The provider refused the call and counted nothing of it: what it was charged here comes
+    -- back, and it is done.
     local own = charged
     if f ~= nil then own = f.charged end
-    for c = 1, 3 do unseen[c] = unseen[c] + own[c] end
+    apply({own[1], own[2], own[3]})
+    if f ~= nil then
+      f.charged = {0, 0, 0}
+      f.done = true
+      redis.call('HSET', hash, 'f' .. fmt(f.id), encode_flight(f))
+    end
   end
   local above = {nil, nil, nil}
   for i = 1, k do
@@ -742,7 +749,7 @@ elseif op == 'sync' then
       local tokens = whole(i, levels[i] - target)
       if above[c] == nil or tokens < above[c] then above[c] = tokens end
       local m = margin[c]
-      if if_above[c] == 1 and (tokens <= 0 or ambiguous) then m = 0 end
+      if if_above[c] == 1 and (tokens <= 0 or f == nil) then m = 0 end
       target = target - units(i, m)
       if target < 0 then target = 0 end
       if levels[i] > target then levels[i] = target end
@@ -759,6 +766,10 @@ elseif op == 'sync' then
     if lowered then
       covers = f.id
       flights_changed = true
+    end
+    if refused == 1 then
+      prune()
+      if ffirst >= fnext then flights_gone = true end
     end
   end
   drop_shadow()

@@ -26,3 +26,49 @@ pub fn given_or_own(given: Option<String>) -> Result<(String, Option<RedisServer
         None => Err("redis-server is not installed: install it, or pass --redis URL".to_owned()),
     }
 }
+
+/// What the script does inside Redis: `INFO commandstats` counts these too, but no client
+/// sent them.
+const SCRIPT_INSIDE: &[&str] = &[
+    "hget",
+    "hmget",
+    "hset",
+    "hdel",
+    "hexists",
+    "zadd",
+    "zrem",
+    "zrange",
+    "zrangebyscore",
+    "zrevrangebyscore",
+    "zcard",
+    "zcount",
+    "pexpire",
+    "time",
+];
+
+/// How many commands clients have sent the server at `url` so far, from `INFO commandstats`
+/// (the `INFO` asking excluded, and the commands a script runs inside the server too).
+pub async fn client_commands(url: &str) -> Result<u64, Box<dyn std::error::Error>> {
+    let client = ::redis::Client::open(url)?;
+    let mut connection = client.get_multiplexed_async_connection().await?;
+    let info: String = ::redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut connection)
+        .await?;
+    Ok(info
+        .lines()
+        .filter_map(|line| {
+            let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            if name == "info" || SCRIPT_INSIDE.contains(&name) {
+                return None;
+            }
+            stats
+                .split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum())
+}
