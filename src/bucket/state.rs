@@ -426,7 +426,7 @@ impl KeyState {
         );
         let flights = self.flights.as_deref();
         let found = flights.and_then(|f| f.find(args.flight).map(|i| (i, f.list[i])));
-        let (elapsed, mut unseen, ambiguous) = match (flights, found) {
+        let (elapsed, unseen, ambiguous) = match (flights, found) {
             (Some(flights), Some((i, flight))) => {
                 let (unseen, ambiguous) = flights.after(i);
                 (now.0 - flight.at.0, unseen, ambiguous)
