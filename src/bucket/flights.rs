@@ -1,12 +1,16 @@
 //! The calls on a key that went out through the HTTP gate and have not settled: what each was
-//! charged and when it went out, on the store's clock, for every process that shares the key.
+//! charged, when it went out, and what the key's windows held right after, on the store's
+//! clock, for every process that shares the key.
 //!
 //! A provider stamps its `remaining` count when a call *arrives*, and the answer that carries
-//! it comes back later, sometimes seconds later. To bring the windows in line with that count
-//! a sync needs two things the answer does not say: the refill since the stamp (the count was
-//! taken about when the call went out), and the calls that went out after it (charged here,
-//! not yet counted there), from every process. Both come from this ledger, kept with the
-//! key's windows so that one store call reads and changes them together.
+//! it comes back later, sometimes seconds later. Between the stamp and the answer both sides
+//! refilled, both saw the same calls go out and the same answers settle, and both may have
+//! hit their capacity; what only the provider saw is spending elsewhere. So a sync compares
+//! like with like: the provider's count against what the windows held when the call went out
+//! (its record here), and the difference is what was spent elsewhere by then, less what the
+//! key has already taken off for such spending since (its running `corrected` total). Only
+//! that rest is taken off now. Nothing depends on how long the answer took, on the order
+//! answers come back in, or on a capacity reached in between.
 //!
 //! The ledger also keeps the **cover**: what the last sync that lowered a currency took off
 //! to reach the provider's count. The provider's count already held the true cost of every
@@ -18,8 +22,7 @@ use std::collections::VecDeque;
 
 use super::{FLIGHT_LEASE, MAX_FLIGHTS, Nanos, PerCurrency, SEND_SKEW};
 
-/// One call in flight (or settled, kept while an earlier one is still in flight: a sync of
-/// that earlier one must still count it as unseen).
+/// One call in flight (or settled, kept while an earlier one is still in flight).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Flight {
     pub(crate) id: u64,
@@ -28,6 +31,11 @@ pub(crate) struct Flight {
     /// What it is charged now, per currency: its estimate, or what it settled at.
     pub(crate) charged: PerCurrency<u64>,
     pub(crate) done: bool,
+    /// What the tightest window of each currency held right after the call was charged, in
+    /// its units (0 for a currency without windows).
+    pub(crate) level: PerCurrency<i128>,
+    /// The key's [`Flights::corrected`] totals when the call went out.
+    pub(crate) corrected: PerCurrency<i64>,
 }
 
 #[derive(Debug, Default)]
@@ -40,6 +48,9 @@ pub(crate) struct Flights {
     pub(crate) cover: PerCurrency<u64>,
     /// Calls numbered up to this one were in that count, and may settle against the cover.
     pub(crate) covers: u64,
+    /// Whole tokens per currency taken off (positive) or given back (negative) for spending
+    /// elsewhere since the ledger began: by syncs, and by the gate's model of that spending.
+    pub(crate) corrected: PerCurrency<i64>,
 }
 
 impl Flights {
@@ -50,8 +61,14 @@ impl Flights {
         }
     }
 
-    /// A call charged `charged` goes out at `now`: its number.
-    pub(crate) fn fly(&mut self, now: Nanos, charged: PerCurrency<u64>) -> u64 {
+    /// A call charged `charged` goes out at `now`, leaving the tightest window of each currency
+    /// at `level`: its number.
+    pub(crate) fn fly(
+        &mut self,
+        now: Nanos,
+        charged: PerCurrency<u64>,
+        level: PerCurrency<i128>,
+    ) -> u64 {
         self.prune(now);
         if self.list.len() >= MAX_FLIGHTS {
             self.list.pop_front();
@@ -63,6 +80,8 @@ impl Flights {
             at: now,
             charged,
             done: false,
+            level,
+            corrected: self.corrected,
         });
         id
     }
@@ -86,28 +105,27 @@ impl Flights {
         }
     }
 
-    /// What the calls that went out well after call `index` (see [`SEND_SKEW`]) were
-    /// charged, per currency, whether or not they have settled: the provider had not seen
-    /// them when it counted call `index`. And whether that count is ambiguous: another call
-    /// went out within the skew of it. (Calls are kept in the order they went out, which is
-    /// the order of the store's clock.)
-    pub(crate) fn after(&self, index: usize) -> (PerCurrency<u64>, bool) {
+    /// What the calls that went out within [`SEND_SKEW`] of call `index`, before or after it,
+    /// were charged, per currency: the provider may have counted any of them before it or
+    /// after it (calls reach it in an order of their own), so a comparison of its count with
+    /// the windows' level leaves them out, and can only find less spending elsewhere than
+    /// there was, never more. And whether there were any: the count is then ambiguous. (Calls
+    /// are kept in the order they went out, which is the order of the store's clock.)
+    pub(crate) fn close_to(&self, index: usize) -> (PerCurrency<u64>, bool) {
         let flight = self.list[index];
-        let later = flight.at.plus(SEND_SKEW);
-        let mut unseen = [0u64; 3];
+        let mut close = [0u64; 3];
         let mut ambiguous = false;
-        for other in self.list.range(index + 1..) {
-            if other.at > later {
-                for (sum, charged) in unseen.iter_mut().zip(other.charged) {
-                    *sum = sum.saturating_add(charged);
-                }
-            } else {
-                ambiguous = true;
+        let near = |other: &Flight| {
+            other.at.plus(SEND_SKEW) >= flight.at && other.at <= flight.at.plus(SEND_SKEW)
+        };
+        let before = self.list.range(..index).rev().take_while(|o| near(o));
+        let after = self.list.range(index + 1..).take_while(|o| near(o));
+        for other in before.chain(after) {
+            ambiguous = true;
+            for (sum, charged) in close.iter_mut().zip(other.charged) {
+                *sum = sum.saturating_add(charged);
             }
         }
-        if index > 0 && self.list[index - 1].at.plus(SEND_SKEW) >= flight.at {
-            ambiguous = true;
-        }
-        (unseen, ambiguous)
+        (close, ambiguous)
     }
 }

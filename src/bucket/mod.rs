@@ -65,11 +65,12 @@ pub(crate) const MAX_FLIGHTS: usize = 10_000;
 /// out): longer than any answer a provider takes.
 pub(crate) const FLIGHT_LEASE: Duration = Duration::from_secs(600);
 
-/// How far apart two calls must have gone out for the later to be taken as unseen by the
-/// provider when it answered the earlier: calls sent closer together may reach it in either
-/// order. Taking one as seen when it was not lowers the windows too little, which the next
-/// answer corrects; the other way round would lower them for good.
-pub(crate) const SEND_SKEW: Duration = Duration::from_millis(20);
+/// How far apart two calls must have gone out (been admitted) to be sure to reach the provider
+/// in that order: calls closer together may reach it in either order (their connections, their
+/// tasks, the network each take their own time), so a sync leaves them out of its comparison,
+/// which can then only find less spending elsewhere than there was. Too short, and a burst
+/// admitted at once but arriving in another order reads as spending elsewhere.
+pub(crate) const SEND_SKEW: Duration = Duration::from_millis(250);
 
 /// A point in time, in nanoseconds since the origin of the clock that produced it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -340,14 +341,13 @@ pub(crate) enum Step {
     /// A penalty emptied, per currency, this many whole tokens (the least any window of the
     /// currency held above zero).
     Emptied(PerCurrency<u64>),
-    /// A sync: per currency it read, how many whole tokens the closest window held above the
-    /// provider's count (less the calls it had not seen, plus the refill since it counted);
-    /// and whether the count was ambiguous (another call went out within [`SEND_SKEW`] of the
-    /// answered one, or the answered call is not remembered).
-    Synced {
-        above: PerCurrency<Option<i64>>,
-        ambiguous: bool,
-    },
+    /// A sync: per currency it read, how many whole tokens the tightest window held above the
+    /// provider's count when the call went out, and the estimate of everything spent
+    /// elsewhere by then (that excess plus what had been corrected before); whether the count
+    /// was ambiguous (another call went out within [`SEND_SKEW`] of the answered one, or the
+    /// call is not remembered); how long ago the call went out (ns); and, per currency, what
+    /// was taken off now and what of the model's charges came back.
+    Synced(Synced),
     /// A settlement: what was added to the windows of each currency (positive: a refund;
     /// negative: a charge).
     Settled(PerCurrency<i64>),
@@ -394,14 +394,43 @@ pub struct SyncArgs {
     pub remaining: [Option<u64>; 3],
     /// Spending elsewhere to charge first, per currency (the gate's model of it).
     pub foreign: [u64; 3],
+    /// What of the model's earlier charges may come back, per currency, where the count shows
+    /// the windows lower than it and the margin say.
+    pub returnable: [u64; 3],
     /// How far below the provider's count to leave each currency.
     pub margin: [u64; 3],
-    /// Per currency, true: the margin applies only where a window was found above the count
-    /// of a call the key remembers.
+    /// Per currency, true: the margin applies only where the count of a call the key
+    /// remembers finds more spending elsewhere than has been corrected.
     pub margin_if_above: [bool; 3],
     /// The answer was a 429: the provider counted nothing of the call, so what it was charged
     /// here comes back, and it is done.
     pub refused: bool,
+}
+
+/// What a header sync ([`Op::Sync`](crate::store::Op::Sync)) found and did. Per-currency
+/// fields are in the order of [`Currency::ALL`]; a currency the answer did not count is
+/// `None` (or 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Synced {
+    /// Whole tokens the currency's tightest window held above the provider's count when the
+    /// call went out (negative: below), calls that went out close to it left out: the least
+    /// there can be.
+    pub above: [Option<i64>; 3],
+    /// The estimate of all the spending elsewhere by the time the call went out, in whole
+    /// tokens since the key began remembering calls, if the provider counted the calls in the
+    /// order they went out: right on average, noisy when calls went out close together (what
+    /// a model of that spending fits a rate to, robustly).
+    pub spent: [Option<i64>; 3],
+    /// Another call went out too close to this one to tell which the provider counted first,
+    /// or the key does not remember this call.
+    pub ambiguous: bool,
+    /// How long ago the call went out.
+    pub since: Duration,
+    /// Whole tokens taken off every window of the currency now.
+    pub lowered: [u64; 3],
+    /// Whole tokens of the model's earlier charges given back.
+    pub returned: [u64; 3],
 }
 
 impl SyncArgs {

@@ -146,13 +146,14 @@ impl KeyState {
 
     /// Remembers an admitted call of `cost` as gone out at `now` when `fly` (the HTTP gate's
     /// calls), answering its number.
-    fn went(&mut self, now: Nanos, cost: Cost, fly: bool) -> Step {
+    fn went(&mut self, limits: &Limits, now: Nanos, cost: Cost, fly: bool) -> Step {
         if !fly {
             return Step::Admitted;
         }
+        let level = Currency::ALL.map(|c| tightest(limits, c).map_or(0, |i| self.real.units[i]));
         let flights = self.flights.get_or_insert_with(|| Box::new(Flights::new()));
         Step::Flying {
-            flight: flights.fly(now, per_currency(cost)),
+            flight: flights.fly(now, per_currency(cost), level),
         }
     }
 
@@ -176,7 +177,7 @@ impl KeyState {
             && let Some(Step::Admitted) = self.admit_at_once(limits, now, cost)?
         {
             let now = now.max(self.real.at);
-            return Ok(self.went(now, cost, fly));
+            return Ok(self.went(limits, now, cost, fly));
         }
         validate(limits, cost)?;
         let now = self.refilled(limits, now);
@@ -187,7 +188,7 @@ impl KeyState {
             if let Some(shadow) = self.queue.as_mut().and_then(|q| q.shadow.as_mut()) {
                 shadow.charge(limits, cost);
             }
-            return Ok(self.went(now, cost, fly));
+            return Ok(self.went(limits, now, cost, fly));
         }
         let paused_until = self.paused_until;
         let queued = self.queue.as_ref().map_or(0, |q| q.tickets.len());
@@ -281,7 +282,7 @@ impl KeyState {
             if queue.tickets.is_empty() {
                 self.queue = None;
             }
-            return Ok(self.went(now, ticket.cost, fly));
+            return Ok(self.went(limits, now, ticket.cost, fly));
         } else if unseen {
             // Calls this ticket did not look at are ahead. Guess their cost from those it saw,
             // and ask again when half of the guess has passed: a waiter deep in the line asks
@@ -375,7 +376,12 @@ impl KeyState {
             flights.covers = last.id;
             for c in Currency::ALL {
                 if spent.contains(c) {
-                    flights.cover[index(c)] = emptied[index(c)];
+                    let i = index(c);
+                    flights.cover[i] = emptied[i];
+                    // What the windows held, the provider says is spent: taken off for spending
+                    // elsewhere, like a sync's correction.
+                    flights.corrected[i] =
+                        flights.corrected[i].saturating_add(clamp_i64(i128::from(emptied[i])));
                 }
             }
         }
@@ -407,89 +413,150 @@ impl KeyState {
         Step::Lowered(above.unwrap_or(0))
     }
 
+    /// Adds `tokens` (negative: takes them) to every window of `currency`, within capacity and
+    /// the debt floor.
+    fn shift(&mut self, limits: &Limits, currency: Currency, tokens: i64) {
+        let mut delta = [0i64; 3];
+        delta[index(currency)] = tokens;
+        self.apply(limits, Delta::from_array(delta));
+    }
+
     /// A header sync: brings the windows in line with what a provider's answer to call
-    /// `args.flight` says is left, never raising them.
+    /// `args.flight` says was left when the call arrived, never raising them past it.
     ///
-    /// First the spending elsewhere that the gate's model says happened is charged. Then, per
-    /// currency the answer counted, each window's target is the provider's count credited with
-    /// the window's own refill since the call went out (the provider counted when the call
-    /// arrived), less what every call that went out after it was charged (they are charged
-    /// here and not yet counted there), less `margin`. A window above its target is lowered
-    /// to it. When the windows of a currency were above the count itself, what that took off
-    /// becomes the currency's cover for the calls the count held (see
-    /// [`flights`](super::flights)).
+    /// First the spending elsewhere that the gate's model says happened is charged (and
+    /// counted as corrected). Then, per currency the answer counted, what the currency's
+    /// tightest window held when the call went out (its record) is compared with the count:
+    /// the excess is what was spent elsewhere by then, less what calls that went out just
+    /// before it and may not have arrived first were charged. Less what has been corrected
+    /// since the call went out, plus the margin, that much is taken off every window of the
+    /// currency now (and counted as corrected); when it is negative, up to `returnable` of what
+    /// the model charged comes back. What a sync takes off for spending it found is the cover
+    /// of the calls the count held (see [`flights`](super::flights)).
+    ///
+    /// A call the key no longer remembers (or never did: a gate's first call, before its limits
+    /// were known) has no record to compare with: its count lowers every window of the
+    /// currency to at most the count, as [`lower`](KeyState::lower) does.
     pub(crate) fn sync(&mut self, limits: &Limits, now: Nanos, args: &SyncArgs) -> Step {
         let now = self.refilled(limits, now);
         self.apply(
             limits,
             Delta::from_array(args.foreign.map(|t| -clamp_i64(i128::from(t)))),
         );
-        let flights = self.flights.as_deref();
-        let found = flights.and_then(|f| f.find(args.flight).map(|i| (i, f.list[i])));
-        let (elapsed, unseen, ambiguous) = match (flights, found) {
-            (Some(flights), Some((i, flight))) => {
-                let (unseen, ambiguous) = flights.after(i);
-                (now.0 - flight.at.0, unseen, ambiguous)
+        if let Some(flights) = self.flights.as_deref_mut() {
+            for (total, charged) in flights.corrected.iter_mut().zip(args.foreign) {
+                *total = total.saturating_add(clamp_i64(i128::from(charged)));
             }
-            // Not remembered: no time to credit, and nothing known of what went out after it.
-            _ => (0, [0; 3], true),
-        };
+        }
+        let found = self
+            .flights
+            .as_deref()
+            .and_then(|f| f.find(args.flight).map(|i| (i, f.list[i], f.close_to(i))));
+        let ambiguous = found.is_none_or(|(_, _, (_, ambiguous))| ambiguous);
         if args.refused {
             // The provider refused the call and counted nothing of it: what it was charged
             // here comes back, and it is done (an adapter that retries admits it again).
-            let charged = found.map_or(per_currency(args.charged), |(_, f)| f.charged);
+            let charged = found.map_or(per_currency(args.charged), |(_, f, _)| f.charged);
             self.apply(
                 limits,
                 Delta::from_array(charged.map(|c| clamp_i64(i128::from(c)))),
             );
-            if let (Some(flights), Some((i, _))) = (self.flights.as_deref_mut(), found) {
+            if let (Some(flights), Some((i, _, _))) = (self.flights.as_deref_mut(), found) {
                 flights.list[i].charged = [0; 3];
                 flights.list[i].done = true;
             }
         }
         let mut above: PerCurrency<Option<i64>> = [None; 3];
-        for ((c, w), level) in windows(limits).zip(self.real.units.iter_mut()) {
+        let mut spent: PerCurrency<Option<i64>> = [None; 3];
+        let mut lowered = [0u64; 3];
+        let mut returned = [0u64; 3];
+        for c in Currency::ALL {
             let i = index(c);
-            let Some(remaining) = args.remaining[i] else {
+            let (Some(remaining), Some(tight)) = (args.remaining[i], tightest(limits, c)) else {
                 continue;
             };
-            let counted = w.refill(w.units(remaining.min(w.rate.burst())), elapsed);
-            let target = (counted - w.units(unseen[i])).max(0);
-            let tokens = clamp_i64(w.whole(*level - target));
-            above[i] = Some(above[i].map_or(tokens, |a| a.min(tokens)));
-            // A margin held ready for spending elsewhere applies only where the count of a
-            // call the key remembers shows the windows above it (calls that went out close to
-            // it were taken as counted, so the excess is the least there can be).
-            let margin = if args.margin_if_above[i] && (tokens <= 0 || found.is_none()) {
+            let w = Window {
+                rate: limits.flat()[tight].1,
+            };
+            let counted = w.units(remaining.min(w.rate.burst()));
+            let Some((_, flight, (before, _))) = found else {
+                above[i] = Some(clamp_i64(w.whole(self.real.units[tight] - counted)));
+                for ((currency, w), level) in windows(limits).zip(self.real.units.iter_mut()) {
+                    if currency == c {
+                        *level = (*level).min(w.units(remaining.min(w.rate.burst())));
+                    }
+                }
+                continue;
+            };
+            // The call's own charge is in its record; a refused call is not in the count.
+            let mut held = flight.level[i];
+            if args.refused {
+                held -= w.units_capped(flight.charged[i]);
+            }
+            // What was spent elsewhere if the provider counted the calls in the order they went
+            // out: a sample for the model, right on average.
+            let likely = clamp_i64(w.whole(held - counted));
+            // Calls that went out close to it are left out, whichever side of it they were
+            // counted on: what is taken off is never more than was spent elsewhere.
+            let excess = clamp_i64(w.whole(held - w.units_capped(before[i]) - counted));
+            let corrected = self.flights.as_deref().map_or(0, |f| f.corrected[i]);
+            let since = corrected.saturating_sub(flight.corrected[i]);
+            above[i] = Some(excess);
+            spent[i] = Some(likely.saturating_add(flight.corrected[i]));
+            // What this count finds spent elsewhere beyond what was corrected: the likely
+            // amount, but never more than the margin beyond the least there can be (a burst
+            // that reached the provider in another order can't take off more than that).
+            let margin = clamp_i64(i128::from(args.margin[i]));
+            let found_more = likely
+                .saturating_sub(since)
+                .min(excess.saturating_sub(since).saturating_add(margin));
+            // A margin held ready for spending elsewhere applies only when this count finds
+            // more of it.
+            let margin = if args.margin_if_above[i] && found_more <= 0 {
                 0
             } else {
-                args.margin[i]
+                margin
             };
-            let target = (target - w.units(margin)).max(0);
-            *level = (*level).min(target);
+            let take = found_more.saturating_add(margin);
+            let Some(flights) = self.flights.as_deref_mut() else {
+                continue;
+            };
+            if take > 0 {
+                flights.corrected[i] = flights.corrected[i].saturating_add(take);
+                lowered[i] = take.unsigned_abs();
+                if found_more > 0 {
+                    flights.cover[i] = found_more.min(take).unsigned_abs();
+                    flights.covers = flight.id;
+                }
+                self.shift(limits, c, -take);
+            } else if take < 0 {
+                let back = take.unsigned_abs().min(args.returnable[i]);
+                if back > 0 {
+                    flights.corrected[i] =
+                        flights.corrected[i].saturating_sub(clamp_i64(i128::from(back)));
+                    returned[i] = back;
+                    self.shift(limits, c, clamp_i64(i128::from(back)));
+                }
+            }
         }
-        if let (Some(flights), Some((_, flight))) = (self.flights.as_mut(), found) {
-            let mut lowered = false;
-            for (i, above) in above.iter().enumerate() {
-                if let Some(above) = *above
-                    && above > 0
-                {
-                    flights.cover[i] = above as u64;
-                    lowered = true;
-                }
-            }
-            if lowered {
-                flights.covers = flight.id;
-            }
-            if args.refused {
-                flights.prune(now);
-                if flights.list.is_empty() {
-                    self.flights = None;
-                }
+        let since = found.map_or(0, |(_, f, _)| now.0 - f.at.0);
+        if args.refused
+            && let Some(flights) = self.flights.as_deref_mut()
+        {
+            flights.prune(now);
+            if flights.list.is_empty() {
+                self.flights = None;
             }
         }
         self.replan();
-        Step::Synced { above, ambiguous }
+        Step::Synced(super::Synced {
+            above,
+            spent,
+            ambiguous,
+            since: std::time::Duration::from_nanos(since),
+            lowered,
+            returned,
+        })
     }
 
     /// Settles call `flight` (charged `charged`, if the key no longer remembers it) with what
@@ -585,6 +652,18 @@ impl KeyState {
                 .zip(self.real.units.iter())
                 .all(|((_, w), level)| w.refill(*level, elapsed) >= w.cap())
     }
+}
+
+/// The index, among the key's windows, of the tightest window of `currency` (the smallest
+/// burst, the first of equals): the one a provider's count of that currency speaks of.
+fn tightest(limits: &Limits, currency: Currency) -> Option<usize> {
+    limits
+        .flat()
+        .iter()
+        .enumerate()
+        .filter(|(_, (c, _))| *c == currency)
+        .min_by_key(|(_, (_, rate))| rate.burst())
+        .map(|(i, _)| i)
 }
 
 fn clamp_i64(value: i128) -> i64 {

@@ -27,6 +27,16 @@ impl Window {
         i128::from(amount) * self.scale()
     }
 
+    /// Units of `amount`, capped where the cap already decides (beyond the debt floor and the
+    /// capacity, no level can tell the difference): how the Redis script counts amounts, to
+    /// stay inside its exact range.
+    pub(crate) fn units_capped(self, amount: u64) -> i128 {
+        let limit = u64::try_from(DEBT_BURSTS + 2)
+            .unwrap_or(u64::MAX)
+            .saturating_mul(self.rate.burst());
+        self.units(amount.min(limit))
+    }
+
     /// The level `elapsed` after `level`: refilled, and saturated at the capacity.
     pub(crate) fn refill(self, level: i128, elapsed: u64) -> i128 {
         let cap = self.cap();

@@ -236,9 +236,8 @@ impl Call {
             let cost = self.cost().unwrap_or_default();
             let spent = spent(&read, cost, limiter.limits(), error_body);
             let pause_for = pause.unwrap_or_else(|| gate.backoff.base());
-            match limiter.penalize_spent(pause_for, spent).await {
-                Ok(()) => self.state.foreign.penalized(spent),
-                Err(err) => self.failed("the penalty", &err),
+            if let Err(err) = limiter.penalize_spent(pause_for, spent).await {
+                self.failed("the penalty", &err);
             }
             self.warn_if_retried_inside(pause);
         }
@@ -325,61 +324,46 @@ impl Call {
         }
         if model {
             args.foreign = self.state.foreign.due();
+            args.returnable = self.state.foreign.returnable();
         }
         let nothing = args.remaining.iter().all(Option::is_none) && args.foreign == [0; 3];
         if nothing && !(refused && args.flight > 0) {
+            self.state.foreign.restore(args.returnable);
             return Ok(());
         }
-        let (above, ambiguous) = limiter.sync(args).await?;
+        let synced = match limiter.sync(args).await {
+            Ok(synced) => synced,
+            Err(err) => {
+                self.state.foreign.restore(args.returnable);
+                return Err(err);
+            }
+        };
         if !model {
             return Ok(());
         }
         for currency in Currency::ALL {
             let i = index(currency);
-            let Some(above) = above[i] else {
+            let compared = synced.spent[i].is_some();
+            self.state
+                .foreign
+                .settled(currency, args.returnable[i], synced.returned[i], compared);
+            let Some(spent) = synced.spent[i] else {
                 continue;
             };
-            // Calls that went out within a few milliseconds of this one were taken as counted:
-            // an excess found despite that is the least there can be, and tells of spending
-            // elsewhere even from an ambiguous count.
-            let remembered = args.flight > 0;
-            let certain = remembered && (!ambiguous || above > 0);
-            let applied = if args.margin_if_above[i] && (above <= 0 || !remembered) {
-                0
-            } else {
-                args.margin[i]
-            };
-            let applied = i64::try_from(applied).unwrap_or(i64::MAX);
-            // The windows sit further below the count than the margin: the model charged more
-            // than was spent elsewhere. What it charged since the last sync may come back, up
-            // to the margin below the count (never above it: the provider's count still wins).
-            let deficit = above.saturating_neg().saturating_sub(applied);
-            let back = if certain && deficit > 0 {
-                deficit.min(
-                    i64::try_from(self.state.foreign.charged_since_sync(currency))
-                        .unwrap_or(i64::MAX),
-                )
-            } else {
-                0
-            };
-            if back > 0 {
-                limiter.give_back(currency, back.unsigned_abs()).await?;
-            }
-            let gap = (above + back).min(-applied);
-            if certain && above > 0 {
-                self.state.foreign.spent_elsewhere(currency);
-            }
             let most = limits
                 .of(currency)
                 .as_slice()
                 .iter()
                 .map(|r| r.amount() as f64 / r.period().as_secs_f64())
                 .fold(f64::INFINITY, f64::min);
-            if self
+            // Spending elsewhere found beyond what was corrected (the least there can be, calls
+            // close to this one left out): the margin holds.
+            let found_more = synced.lowered[i] > args.margin[i];
+            let start = self
                 .state
                 .foreign
-                .synced(currency, above, gap, most, certain)
-            {
+                .sample(currency, spent, synced.since, found_more, most);
+            if start {
                 start_charger(Arc::downgrade(&self.state.foreign), limiter.clone());
             }
             if currency == Currency::Tokens {

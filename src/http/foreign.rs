@@ -1,95 +1,91 @@
 //! Spending this process does not see: another program, a notebook or a colleague's script on
-//! the same quota. Each header sync tells how much the key's windows held beyond what the
-//! provider said was left, once the refill since the provider counted and every process's
-//! calls it had not seen yet are accounted for (the store does both, see `Op::Sync`); what is
-//! still missing, over the time since the last sync, is a rate of foreign spending. The model
-//! keeps charging the key at that rate between syncs (so that a call waiting for its turn waits
-//! as long as the provider would make it), and each sync corrects the rate by what it still
-//! missed.
+//! the same quota.
 //!
-//! In a fleet every process keeps a model of its own and charges the shared windows: each
-//! measures what the windows missed after the others' charges, so together they charge what
-//! the neighbour spends, not that many times over.
+//! Each header sync tells how much had been spent elsewhere, in all, by the time its call went
+//! out (the store compares the provider's count with what the windows held then, and adds what
+//! was already corrected: [`Synced::spent`](crate::store::Synced)). Those totals, against the
+//! times their calls went out, rise at the rate of spending elsewhere. They are noisy (calls
+//! sent close together reach the provider in an order of their own, which moves a total by a
+//! call's cost either way), so the model fits the rate robustly: the median of the slopes
+//! between the totals of the last few seconds. It charges the key at that rate between syncs,
+//! so that a call
+//! waiting for its turn waits as long as the provider would make it. What the model charges is
+//! counted as corrected, so each sync takes off only what the model missed, and gives back
+//! what it charged too much.
+//!
+//! In a fleet every process keeps a model of its own, and the totals are the store's, shared:
+//! every process sees the same samples, and what one charges the others count as corrected.
 
+use std::collections::VecDeque;
 use std::sync::{Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::Currencies;
 use crate::bucket::index;
 use crate::{Currency, Limiter};
 
-/// How long the estimate remembers: spending is averaged with weights that halve about every
-/// 3.5 s, so that one burst of a neighbour is not read as a lasting rate, and a stop shows
-/// within seconds.
-const MEMORY: f64 = 5.0;
-/// How often the charger charges while a rate is estimated.
+/// How far back the fit looks: long enough that a neighbour's bursts average out, short
+/// enough that a stop shows within seconds.
+const WINDOW: Duration = Duration::from_secs(5);
+/// Less history than this, or fewer samples than [`LEAST_SAMPLES`], says too little to act on.
+const LEAST_SPAN: Duration = Duration::from_secs(2);
+const LEAST_SAMPLES: usize = 8;
+/// How often the charger charges while a rate is estimated, on a store in the process; on a
+/// remote one, every [`REMOTE_TICK`] (each charge is a round trip, and every sync charges
+/// what is due first anyway).
 const TICK: Duration = Duration::from_millis(50);
+const REMOTE_TICK: Duration = Duration::from_millis(250);
 /// How far ahead the model charges: a neighbour spends in steps between two charges, and a
 /// call admitted right at its turn must not find the provider a step short.
 const LEAD: Duration = Duration::from_millis(100);
-/// Below this many tokens a second, the rate is forgotten and the charger stops.
+/// Below this many tokens a second, or this share of the currency's refill, the rate is noise
+/// (a count stamped a few milliseconds off), not a neighbour.
 const NEGLIGIBLE: f64 = 0.5;
+const NOISE: f64 = 0.01;
 /// The most of a currency's refill rate the estimate may give to others: the key always keeps
 /// some, so that a call gets through, its response syncs, and an estimate too high is seen.
 const MOST_SHARE: f64 = 0.75;
 /// While spending elsewhere is seen, syncs leave the windows this fraction of their capacity
 /// (1/25: 4%) below the provider's count.
 const MARGIN: u64 = 25;
+/// How long after a sync last found spending elsewhere the margin is kept.
+const SEEN_FOR: Duration = Duration::from_secs(5);
 /// Without a sync for this long, the estimate halves every such span: a key whose calls
 /// stopped can't correct it any other way.
 const STALE: Duration = Duration::from_secs(1);
+/// The most samples kept per currency.
+const SAMPLES: usize = 64;
+/// Two samples closer than this make no slope (the noise would swamp it).
+const SHORTEST_SLOPE: Duration = Duration::from_millis(200);
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Model {
+    /// Per currency: when calls went out and the total spent elsewhere by then, in the order
+    /// they went out.
+    samples: [VecDeque<(Instant, f64)>; 3],
     /// Tokens a second spent elsewhere, per currency.
     rate: [f64; 3],
-    /// Spending elsewhere seen so far, and over how long (seconds), both decayed.
-    spent: [f64; 3],
-    span: [f64; 3],
-    /// Charged by the model since the last sync.
-    charged: [f64; 3],
-    /// Where the last sync left the windows, against the provider's count (never positive:
-    /// a sync lowers what is above, and a margin leaves them below).
-    gap: [f64; 3],
     /// When each currency was last synced.
     synced: [Option<Instant>; 3],
     /// Fractions of a token charged for but not yet taken.
     owed: [f64; 3],
-    /// When a sync last found the windows above the provider's count.
+    /// What the model charged that no sync has confirmed yet: what a sync that finds the
+    /// windows too low may give back.
+    unconfirmed: [u64; 3],
+    /// When a sync last found spending elsewhere that had not been corrected.
     elsewhere: [Option<Instant>; 3],
     /// Charged through this time (a little ahead of now).
-    charged_at: Instant,
+    charged_at: Option<Instant>,
     charger: bool,
     /// The margin was kept back once before any answer came.
     blind: bool,
 }
 
 /// One key's model of foreign spending.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct Foreign {
     model: Mutex<Model>,
-}
-
-impl Default for Foreign {
-    fn default() -> Foreign {
-        Foreign {
-            model: Mutex::new(Model {
-                rate: [0.0; 3],
-                spent: [0.0; 3],
-                span: [0.0; 3],
-                charged: [0.0; 3],
-                gap: [0.0; 3],
-                synced: [None; 3],
-                owed: [0.0; 3],
-                elsewhere: [None; 3],
-                charged_at: Instant::now(),
-                charger: false,
-                blind: false,
-            }),
-        }
-    }
 }
 
 impl Foreign {
@@ -102,82 +98,110 @@ impl Foreign {
     pub(super) fn due(&self) -> [u64; 3] {
         let mut model = self.model();
         let through = Instant::now() + LEAD;
-        let elapsed = through
-            .saturating_duration_since(model.charged_at)
-            .as_secs_f64();
-        model.charged_at = model.charged_at.max(through);
+        let from = model.charged_at.unwrap_or(through);
+        let elapsed = through.saturating_duration_since(from).as_secs_f64();
+        model.charged_at = Some(from.max(through));
         std::array::from_fn(|i| {
             model.owed[i] += model.rate[i] * elapsed;
             let whole = model.owed[i].floor();
             if whole >= 1.0 {
                 model.owed[i] -= whole;
-                model.charged[i] += whole;
-                whole as u64
+                let whole = whole as u64;
+                model.unconfirmed[i] = model.unconfirmed[i].saturating_add(whole);
+                whole
             } else {
                 0
             }
         })
     }
 
-    /// Charges what the model says was spent elsewhere since the last charge.
+    /// Charges what the model says was spent elsewhere since the last charge (as corrected,
+    /// through a sync that reads no count).
     pub(super) async fn charge(&self, limiter: &Limiter) -> Result<(), crate::Error> {
-        for (currency, tokens) in Currency::ALL.into_iter().zip(self.due()) {
-            if tokens > 0 {
-                limiter.charge(currency, tokens).await?;
-            }
+        let due = self.due();
+        if due == [0; 3] {
+            return Ok(());
         }
-        Ok(())
+        let args = crate::store::SyncArgs {
+            foreign: due,
+            ..crate::store::SyncArgs::default()
+        };
+        limiter.sync(args).await.map(|_| ())
     }
 
-    /// A sync of `currency` found the windows `above` tokens above the provider's count
-    /// (negative: below), and left them `gap` from it: what was spent elsewhere since the last
-    /// sync is what the model charged meanwhile plus how much further above the count the
-    /// windows were than the last sync left them. The rate is the decayed average of that
-    /// spending over time, between 0 and `most` (the currency's refill rate: nobody spends
-    /// faster for long). Answers true when a charger should be started.
-    ///
-    /// A sync that can't be read (another call went out too close to the answered one to tell
-    /// whether the provider counted it: not `clear`) still starts the next interval, and its
-    /// own is left out.
-    pub(super) fn synced(
+    /// What of the model's charges a sync may give back: taken off the books until
+    /// [`settled`](Foreign::settled) says what the sync did with it.
+    pub(super) fn returnable(&self) -> [u64; 3] {
+        std::mem::take(&mut self.model().unconfirmed)
+    }
+
+    /// The sync did not happen: what was offered may still come back later.
+    pub(super) fn restore(&self, offered: [u64; 3]) {
+        let mut model = self.model();
+        for (kept, offered) in model.unconfirmed.iter_mut().zip(offered) {
+            *kept = kept.saturating_add(offered);
+        }
+    }
+
+    /// A sync of `currency` answered: `offered` of the model's charges could have come back and
+    /// `returned` did. Where the sync compared a count (`compared`), the rest is confirmed;
+    /// otherwise it may still come back at a later sync.
+    pub(super) fn settled(&self, currency: Currency, offered: u64, returned: u64, compared: bool) {
+        if !compared {
+            let mut model = self.model();
+            let i = index(currency);
+            model.unconfirmed[i] =
+                model.unconfirmed[i].saturating_add(offered - returned.min(offered));
+        }
+    }
+
+    /// A sync of `currency` found `spent` tokens spent elsewhere in all by the time its
+    /// call went out, `since` ago; `found_more` when that was more than had been corrected.
+    /// The rate is the rise of those totals over the last [`WINDOW`], between 0 and `most`
+    /// (the currency's refill rate: nobody spends faster for long). Answers true when a
+    /// charger should be started.
+    pub(super) fn sample(
         &self,
         currency: Currency,
-        above: i64,
-        gap: i64,
+        spent: i64,
+        since: Duration,
+        found_more: bool,
         most: f64,
-        clear: bool,
     ) -> bool {
         let mut model = self.model();
         let now = Instant::now();
         let i = index(currency);
-        if !clear {
-            model.charged[i] = 0.0;
-        } else if let Some(last) = model.synced[i] {
-            let seconds = now.saturating_duration_since(last).as_secs_f64();
-            let charged = std::mem::take(&mut model.charged[i]);
-            // Nobody spends faster than the refill for long: a sample beyond it (two answers
-            // that reached here out of order) is cut to it.
-            let bound = most * seconds;
-            let spent = (charged + (above as f64 - model.gap[i])).clamp(-bound, bound);
-            let keep = (-seconds / MEMORY).exp();
-            model.spent[i] = model.spent[i] * keep + spent;
-            model.span[i] = model.span[i] * keep + seconds;
-            // Less than a second of history says too little to act on.
-            model.rate[i] = if model.span[i] >= 1.0 {
-                (model.spent[i] / model.span[i]).clamp(0.0, most * MOST_SHARE)
-            } else {
-                0.0
-            };
-            if model.rate[i] < NEGLIGIBLE {
-                model.rate[i] = 0.0;
+        let at = now.checked_sub(since).unwrap_or(now);
+        model.synced[i] = Some(now);
+        if found_more {
+            model.elsewhere[i] = Some(now);
+        }
+        let samples = &mut model.samples[i];
+        // Answers come back out of order: a count older than the newest says nothing new.
+        if samples.back().is_none_or(|(last, _)| at > *last) {
+            samples.push_back((at, spent as f64));
+            while samples.len() > SAMPLES
+                || samples
+                    .front()
+                    .is_some_and(|(first, _)| at.saturating_duration_since(*first) > WINDOW)
+            {
+                samples.pop_front();
             }
         }
-        if model.synced[i].is_none() {
-            // A baseline: what was charged before it is no part of the next interval.
-            model.charged[i] = 0.0;
-        }
-        model.synced[i] = Some(now);
-        model.gap[i] = gap as f64;
+        let rate = match (samples.front(), samples.back()) {
+            (Some((first, _)), Some((last, _)))
+                if last.saturating_duration_since(*first) >= LEAST_SPAN
+                    && samples.len() >= LEAST_SAMPLES =>
+            {
+                median_slope(samples).map_or(0.0, |r| r.clamp(0.0, most * MOST_SHARE))
+            }
+            _ => model.rate[i],
+        };
+        model.rate[i] = if rate < NEGLIGIBLE.max(most * NOISE) {
+            0.0
+        } else {
+            rate
+        };
         let start = !model.charger && model.rate.iter().any(|&r| r > 0.0);
         if start {
             model.charger = true;
@@ -185,63 +209,46 @@ impl Foreign {
         start
     }
 
-    /// A 429 emptied the windows of the `spent` currencies: where they stand against the
-    /// provider's count is no longer known, so the next sync of each starts a new interval.
-    pub(super) fn penalized(&self, spent: Currencies) {
-        let mut model = self.model();
-        for currency in Currency::ALL {
-            if spent.contains(currency) {
-                let i = index(currency);
-                model.synced[i] = None;
-                model.charged[i] = 0.0;
-            }
-        }
-    }
-
     /// How far below the provider's count a sync leaves the windows of `currency` (whose
     /// tightest window holds `capacity`): while spending elsewhere is estimated, the estimate
     /// is never exact, and a call admitted the moment its tokens exist here must find them
-    /// there too. Nothing while no such spending is seen (in the last few seconds).
+    /// there too.
     ///
-    /// Answers the margin, and whether it applies only where the sync finds the windows above
-    /// the count: before any spending elsewhere is seen, the margin is held ready for the
-    /// first sync that finds it.
+    /// Answers the margin, and whether it applies only where the sync finds more spending
+    /// elsewhere than was corrected: before any is seen, the margin is held ready for the
+    /// first sync that finds some.
     pub(super) fn margin(&self, currency: Currency, capacity: u64) -> (u64, bool) {
         let model = self.model();
         let i = index(currency);
-        let seen = model.elsewhere[i].is_some_and(|at| at.elapsed().as_secs_f64() < MEMORY);
+        let seen = model.elsewhere[i].is_some_and(|at| at.elapsed() < SEEN_FOR);
         (capacity / MARGIN, !(model.rate[i] > 0.0 || seen))
     }
 
     /// The first answer on a key is slow in coming, and calls are about to go without it: what
-    /// others spent from the quota meanwhile is unknown, so the windows keep the margin back
-    /// until the provider has answered, charged as spending elsewhere (the first sync gives
-    /// back what was not spent). Once per key.
+    /// others spent from the quota meanwhile is unknown, so the windows keep the margin back,
+    /// charged like the model's own charges: the first syncs that compare a count give back
+    /// whatever of it was not spent elsewhere. Once per key and process.
     pub(super) async fn blind(&self, limiter: &Limiter) -> Result<(), crate::Error> {
+        let mut due = [0u64; 3];
         {
             let mut model = self.model();
             if model.blind {
                 return Ok(());
             }
             model.blind = true;
-        }
-        for currency in Currency::ALL {
-            let Some(capacity) = limiter.limits().of(currency).capacity() else {
-                continue;
-            };
-            let margin = capacity / MARGIN;
-            if margin > 0 {
-                limiter.charge(currency, margin).await?;
-                self.model().charged[index(currency)] += margin as f64;
+            for currency in Currency::ALL {
+                if let Some(capacity) = limiter.limits().of(currency).capacity() {
+                    let i = index(currency);
+                    due[i] = capacity / MARGIN;
+                    model.unconfirmed[i] = model.unconfirmed[i].saturating_add(due[i]);
+                }
             }
         }
-        Ok(())
-    }
-
-    /// What the model charged for `currency` since its last sync (before that sync is taken
-    /// into account): the most a sync that finds the windows too low may give back.
-    pub(super) fn charged_since_sync(&self, currency: Currency) -> u64 {
-        self.model().charged[index(currency)].max(0.0) as u64
+        let args = crate::store::SyncArgs {
+            foreign: due,
+            ..crate::store::SyncArgs::default()
+        };
+        limiter.sync(args).await.map(|_| ())
     }
 
     /// The estimated rate of `currency`, in tokens a second.
@@ -249,24 +256,11 @@ impl Foreign {
         self.model().rate[index(currency)]
     }
 
-    /// A sync found the windows above the provider's count: something else spends from the
-    /// quota. The margin holds from now on, before there is history enough for a rate (the
-    /// first answer on a key can show it, while the calls it held back are about to go).
-    pub(super) fn spent_elsewhere(&self, currency: Currency) {
-        self.model().elsewhere[index(currency)] = Some(Instant::now());
-    }
-
-    /// The estimated rate of `currency`, in tokens a second.
-    #[cfg(test)]
-    pub(super) fn rate(&self, currency: Currency) -> f64 {
-        self.model().rate[index(currency)]
-    }
-
     /// Whether the charger should go on: some rate is estimated. A rate not synced for a
     /// while decays, by half every [`STALE`].
-    fn live(&self) -> bool {
+    fn live(&self, every: Duration) -> bool {
         let mut model = self.model();
-        let tick = TICK.as_secs_f64() / STALE.as_secs_f64();
+        let tick = every.as_secs_f64() / STALE.as_secs_f64();
         for i in 0..3 {
             let stale = model.synced[i].is_none_or(|at| at.elapsed() > STALE);
             if stale {
@@ -284,21 +278,46 @@ impl Foreign {
     }
 }
 
+/// The median of the slopes between every two samples at least [`SHORTEST_SLOPE`] apart
+/// (Theil and Sen's estimator: a few samples moved by a call's cost don't move it).
+fn median_slope(samples: &VecDeque<(Instant, f64)>) -> Option<f64> {
+    let mut slopes = Vec::new();
+    for (i, (t1, f1)) in samples.iter().enumerate() {
+        for (t2, f2) in samples.iter().skip(i + 1) {
+            let dt = t2.saturating_duration_since(*t1);
+            if dt >= SHORTEST_SLOPE {
+                slopes.push((f2 - f1) / dt.as_secs_f64());
+            }
+        }
+    }
+    if slopes.is_empty() {
+        return None;
+    }
+    let middle = slopes.len() / 2;
+    let (_, median, _) = slopes.select_nth_unstable_by(middle, f64::total_cmp);
+    Some(*median)
+}
+
 /// Charges `foreign` on `limiter` every tick while it estimates a rate, until the key's state
 /// is dropped.
 pub(super) fn start_charger(foreign: Weak<Foreign>, limiter: Limiter) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
+    let every = if limiter.store().as_memory().is_some() {
+        TICK
+    } else {
+        REMOTE_TICK
+    };
     runtime.spawn(async move {
-        let mut tick = tokio::time::interval(TICK);
+        let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
             let Some(foreign) = foreign.upgrade() else {
                 return;
             };
-            if !foreign.live() {
+            if !foreign.live(every) {
                 return;
             }
             if let Err(err) = foreign.charge(&limiter).await {
@@ -312,44 +331,63 @@ pub(super) fn start_charger(foreign: Weak<Foreign>, limiter: Limiter) {
 mod tests {
     use super::*;
 
-    /// A neighbour spending 600 tokens a second, seen only through syncs every 100 ms: the
-    /// estimate comes within 10% of it in a few seconds, and decays once syncs stop.
+    /// A neighbour spending 600 tokens a second, seen through the totals of syncs every 100 ms
+    /// (each call out for 3 s): the fit comes within 5% of it, and decays once syncs stop.
     #[tokio::test(start_paused = true)]
-    async fn the_estimate_follows_a_steady_neighbour_and_decays_without_syncs() {
+    async fn the_rate_follows_a_steady_neighbour_and_decays_without_syncs() {
         let foreign = Foreign::default();
-        let (mut local, mut provider) = (10_000.0f64, 10_000.0f64);
-        for _ in 0..100 {
+        for step in 1..=100u64 {
             tokio::time::advance(Duration::from_millis(100)).await;
-            provider -= 60.0;
-            local -= foreign.due()[1] as f64;
-            let above = (local - provider).floor() as i64;
-            if above > 0 {
-                local = provider;
-            }
-            foreign.synced(Currency::Tokens, above, above.min(0), 2_000.0, true);
+            // The call answered now went out 3 s ago, when 600/s had been spent for that long.
+            let went_out = (step * 100).saturating_sub(3_000) as f64 / 1_000.0;
+            foreign.sample(
+                Currency::Tokens,
+                (600.0 * went_out) as i64,
+                Duration::from_secs(3),
+                true,
+                2_000.0,
+            );
         }
-        let rate = foreign.rate(Currency::Tokens);
-        assert!((540.0..=660.0).contains(&rate), "{rate}");
-        // Unreadable syncs neither raise nor lower it.
-        foreign.synced(Currency::Tokens, 5_000, 0, 2_000.0, false);
-        assert_eq!(foreign.rate(Currency::Tokens), rate);
+        let rate = foreign.rate_of(Currency::Tokens);
+        assert!((570.0..=630.0).contains(&rate), "{rate}");
+        // An answer to an older call says nothing new.
+        foreign.sample(Currency::Tokens, 0, Duration::from_secs(9), false, 2_000.0);
+        assert_eq!(foreign.rate_of(Currency::Tokens), rate);
         // No syncs for a while: it halves every second.
         tokio::time::advance(Duration::from_secs(2)).await;
         for _ in 0..20 {
-            assert!(foreign.live());
+            assert!(foreign.live(TICK));
         }
-        assert!(foreign.rate(Currency::Tokens) < rate * 0.6);
+        assert!(foreign.rate_of(Currency::Tokens) < rate * 0.6);
     }
 
     #[tokio::test(start_paused = true)]
-    async fn no_sample_counts_more_than_the_refill_and_the_estimate_keeps_a_share() {
+    async fn no_estimate_passes_a_share_of_the_refill_and_noise_is_no_neighbour() {
         let foreign = Foreign::default();
-        for _ in 0..20 {
+        for step in 1..=30i64 {
             tokio::time::advance(Duration::from_millis(100)).await;
-            let _ = foreign.due();
-            // Absurd shortfalls: far above what any neighbour could spend.
-            foreign.synced(Currency::Tokens, 1_000_000, 0, 2_000.0, true);
+            // Absurd totals: far above what any neighbour could spend.
+            foreign.sample(
+                Currency::Tokens,
+                step * 1_000_000,
+                Duration::ZERO,
+                true,
+                2_000.0,
+            );
         }
-        assert_eq!(foreign.rate(Currency::Tokens), 2_000.0 * MOST_SHARE);
+        assert_eq!(foreign.rate_of(Currency::Tokens), 2_000.0 * MOST_SHARE);
+        // Totals that wobble by a few tokens around a constant: no rate at all.
+        let quiet = Foreign::default();
+        for step in 1..=50i64 {
+            tokio::time::advance(Duration::from_millis(100)).await;
+            quiet.sample(
+                Currency::Tokens,
+                500 + step % 3,
+                Duration::ZERO,
+                false,
+                2_000.0,
+            );
+        }
+        assert_eq!(quiet.rate_of(Currency::Tokens), 0.0);
     }
 }

@@ -119,6 +119,7 @@ impl<S: Clone> GateService<S> {
 }
 
 impl<S> GateService<S> {
+    #[cfg_attr(not(feature = "async-openai"), allow(dead_code))]
     pub(crate) fn inner_mut(&mut self) -> &mut S {
         &mut self.inner
     }

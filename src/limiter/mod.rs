@@ -415,62 +415,22 @@ impl<S: Store> Limiter<S> {
         }
     }
 
-    /// A header sync on the store (see [`SyncArgs`]): per currency, how far above the
-    /// provider's count the closest window was, and whether the count was ambiguous.
+    /// A header sync on the store (see [`SyncArgs`]).
     #[cfg_attr(not(feature = "http"), allow(dead_code))]
-    pub(crate) async fn sync(&self, args: SyncArgs) -> Result<([Option<i64>; 3], bool), Error> {
+    pub(crate) async fn sync(&self, args: SyncArgs) -> Result<crate::store::Synced, Error> {
         match self.call_bounded(Op::Sync(args)).await? {
-            Outcome::Synced { above, ambiguous } => {
-                let lowered: u64 = above
-                    .iter()
-                    .flatten()
-                    .filter(|a| **a > 0)
-                    .map(|a| a.unsigned_abs())
-                    .sum();
+            Outcome::Synced(synced) => {
+                let lowered: u64 = synced.lowered.iter().sum();
                 if lowered > 0 {
                     self.meters().lowered.increment(lowered);
                 }
-                Ok((above, ambiguous))
+                if synced.returned.iter().any(|r| *r > 0) {
+                    self.refunded();
+                }
+                Ok(synced)
             }
             other => Err(unexpected(&other)),
         }
-    }
-
-    /// Takes `tokens` from every window of `currency` (into debt if need be), for spending
-    /// this process did not make but knows of (another program on the same quota).
-    #[cfg_attr(not(feature = "http"), allow(dead_code))]
-    pub(crate) async fn charge(&self, currency: Currency, tokens: u64) -> Result<(), Error> {
-        let amount = -i64::try_from(tokens).unwrap_or(i64::MAX);
-        let (mut requests, mut token_part, mut output_tokens) = (0, 0, 0);
-        match currency {
-            Currency::Requests => requests = amount,
-            Currency::Tokens => token_part = amount,
-            Currency::OutputTokens => output_tokens = amount,
-        }
-        self.call_bounded(Op::Adjust {
-            requests,
-            tokens: token_part,
-            output_tokens,
-        })
-        .await
-        .map(|_| ())
-    }
-
-    /// Gives `tokens` back to every window of `currency` (never above capacity): what the
-    /// model of spending elsewhere charged beyond what was spent.
-    #[cfg_attr(not(feature = "http"), allow(dead_code))]
-    pub(crate) async fn give_back(&self, currency: Currency, tokens: u64) -> Result<(), Error> {
-        let amount = i64::try_from(tokens).unwrap_or(i64::MAX);
-        let mut delta = [0i64; 3];
-        delta[crate::bucket::index(currency)] = amount;
-        self.call_bounded(Op::Adjust {
-            requests: delta[0],
-            tokens: delta[1],
-            output_tokens: delta[2],
-        })
-        .await?;
-        self.refunded();
-        Ok(())
     }
 
     fn admitted(&self, cost: Cost, waited: Duration, flight: Option<u64>) -> Permit<S> {

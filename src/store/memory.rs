@@ -245,7 +245,7 @@ pub(crate) fn outcome(step: Step) -> Outcome {
         Step::Done => Outcome::Done,
         Step::Lowered(tokens) => Outcome::Lowered(tokens),
         Step::Emptied(tokens) => Outcome::Emptied(tokens),
-        Step::Synced { above, ambiguous } => Outcome::Synced { above, ambiguous },
+        Step::Synced(synced) => Outcome::Synced(synced),
         Step::Settled(delta) => Outcome::Settled(delta),
     }
 }

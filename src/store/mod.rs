@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::bucket::Available;
-pub use crate::bucket::SyncArgs;
+pub use crate::bucket::{SyncArgs, Synced};
 use crate::cost::Cost;
 use crate::error::Error;
 use crate::rate::{Currencies, Currency, Limits};
@@ -156,16 +156,8 @@ pub enum Outcome {
     /// What an [`Op::Penalize`] emptied: per currency (in the order of [`Currency::ALL`]),
     /// the whole tokens the closest window held above zero.
     Emptied([u64; 3]),
-    /// What an [`Op::Sync`] found: per currency it read, how many whole tokens the closest
-    /// window held above the provider's count (what was taken off, less any margin), or,
-    /// negative, below it; and whether the count was ambiguous (another call went out within
-    /// a few milliseconds of the answered one, or the key no longer remembers it).
-    Synced {
-        /// Per currency, in the order of [`Currency::ALL`].
-        above: [Option<i64>; 3],
-        /// Whether the count says little of spending elsewhere.
-        ambiguous: bool,
-    },
+    /// What an [`Op::Sync`] found and did.
+    Synced(Synced),
     /// What an [`Op::Settle`] added to the windows, per currency (positive: a refund;
     /// negative: a charge).
     Settled([i64; 3]),

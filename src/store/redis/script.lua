@@ -24,8 +24,8 @@
 --   adjust    requests, tokens, output tokens to add (negative: to take)
 --   penalize  the pause in milliseconds, the spent currencies (a mask: 1, 2, 4)
 --   lower     currency, remaining tokens
---   sync      flight, charged (3), remaining (3, -1: not said), foreign (3), margin (3),
---             margin only where above (3, 0 or 1), refused (0 or 1)
+--   sync      flight, charged (3), remaining (3, -1: not said), foreign (3), returnable (3),
+--             margin (3), margin only where more is found (3, 0 or 1), refused (0 or 1)
 --   settle    flight, charged (3), used (3, -1: as charged), last (0 or 1)
 --
 -- Time: the rule book counts nanoseconds, the script milliseconds (the server's TIME,
@@ -45,13 +45,15 @@
 -- time; absent when it must be rebuilt), ql (the latest lease of any ticket), and for each
 -- ticket q<id> = "due lease requests tokens output_tokens". Calls in flight: fn (the next
 -- flight's number), ff (the first one remembered), fa (when the last one went out),
--- f<id> = "at requests tokens output_tokens done", c1..c3 (the cover) and cv (the last call
--- it covers).
+-- f<id> = "at requests tokens output_tokens done level1 level2 level3 corrected1 corrected2
+-- corrected3", c1..c3 (the cover), cv (the last call it covers) and k1..k3 (the tokens
+-- corrected for spending elsewhere so far).
 --
 -- Replies: {"ok", now} | {"flying", id, now} | {"queued", id, due_in, now} |
 --          {"wait", ms, now} | {"behind", ms, now} | {"lost", now} | {"done", now} |
 --          {"full", now} | {"lowered", above, now} | {"emptied", e1, e2, e3, now} |
---          {"synced", a1, a2, a3 ("" when not read), ambiguous, now} |
+--          {"synced", above (3), spent (3) ("" when not read), ambiguous, since, lowered (3),
+--           returned (3), now} |
 --          {"settled", d1, d2, d3, now} | {"levels", now, l1, ..} | {"conflict", sig}
 
 local hash = KEYS[1]
@@ -105,9 +107,17 @@ for i = 1, k do
   has[cur] = true
 end
 local args = 5 + k * 4
+-- The tightest window of each currency (the smallest burst, the first of equals): the one a
+-- provider's count of that currency speaks of.
+local tightest = {}
+for i = 1, k do
+  local c = w[i].cur
+  if tightest[c] == nil or w[i].burst < w[tightest[c]].burst then tightest[c] = i end
+end
 
 -- The key's fields, read in one call.
-local names = {'sig', 't', 'p', 'pq1', 'pq2', 'pq3', 'fn', 'ff', 'c1', 'c2', 'c3', 'cv'}
+local names = {'sig', 't', 'p', 'pq1', 'pq2', 'pq3', 'fn', 'ff', 'c1', 'c2', 'c3', 'cv', 'k1',
+  'k2', 'k3'}
 for i = 1, k do names[#names + 1] = 'l' .. i end
 local read = redis.call('HMGET', hash, unpack(names))
 local fields = {}
@@ -162,6 +172,7 @@ local fnext = field('fn', 1, MAX, 1)
 local ffirst = field('ff', 1, MAX, fnext)
 local cover = {field('c1', 0, MAX, 0), field('c2', 0, MAX, 0), field('c3', 0, MAX, 0)}
 local covers = field('cv', 0, MAX, 0)
+local corrected = {field('k1', -MAX, MAX, 0), field('k2', -MAX, MAX, 0), field('k3', -MAX, MAX, 0)}
 if bad_field then
   return fail('the stored field ' .. bad_field .. ' is out of range')
 end
@@ -373,13 +384,16 @@ local function decode_flight(id, data)
   for part in string.gmatch(data, '%S+') do
     f[#f + 1] = tonumber(part)
   end
-  return {id = id, at = f[1], charged = {f[2], f[3], f[4]}, done = f[5] == 1}
+  return {id = id, at = f[1], charged = {f[2], f[3], f[4]}, done = f[5] == 1,
+    level = {f[6], f[7], f[8]}, corrected = {f[9], f[10], f[11]}}
 end
 
 local function encode_flight(f)
   local done = 0
   if f.done then done = 1 end
-  return string.format('%.0f %.0f %.0f %.0f %d', f.at, f.charged[1], f.charged[2], f.charged[3], done)
+  return string.format('%.0f %.0f %.0f %.0f %d %.0f %.0f %.0f %.0f %.0f %.0f', f.at,
+    f.charged[1], f.charged[2], f.charged[3], done, f.level[1], f.level[2], f.level[3],
+    f.corrected[1], f.corrected[2], f.corrected[3])
 end
 
 local function read_flight(id)
@@ -403,7 +417,8 @@ local function prune()
   end
 end
 
--- A call charged `cost` goes out now: its number.
+-- A call charged `cost` goes out now: its number. Its record keeps what the tightest window of
+-- each currency holds after it was charged, and the corrections so far.
 local function fly(cost)
   prune()
   if fnext - ffirst >= MAX_FLIGHTS then
@@ -412,49 +427,50 @@ local function fly(cost)
   end
   local id = fnext
   fnext = fnext + 1
-  redis.call('HSET', hash, 'f' .. fmt(id), encode_flight({at = now, charged = cost, done = false}), 'fa', fmt(now))
+  local level = {0, 0, 0}
+  for c = 1, 3 do
+    if tightest[c] ~= nil then level[c] = levels[tightest[c]] end
+  end
+  local record = {at = now, charged = cost, done = false, level = level,
+    corrected = {corrected[1], corrected[2], corrected[3]}}
+  redis.call('HSET', hash, 'f' .. fmt(id), encode_flight(record), 'fa', fmt(now))
   flights_changed = true
   return id
 end
 
--- What the calls that went out well after `f` were charged, per currency, and whether another
--- call went out within the skew of it.
-local function after(f)
-  local unseen = {0, 0, 0}
+-- What the calls that went out within the skew of `f`, before or after it, were charged, per
+-- currency, and whether there were any.
+local function close_to(f)
+  local close = {0, 0, 0}
   local ambiguous = false
-  local from = f.id + 1
-  while from < fnext do
-    local upto = math.min(fnext - 1, from + 999)
-    local wanted = {}
-    for id = from, upto do wanted[#wanted + 1] = 'f' .. fmt(id) end
-    local data = redis.call('HMGET', hash, unpack(wanted))
-    for id = from, upto do
-      local o = decode_flight(id, data[id - from + 1])
-      if o ~= nil then
-        if o.at > f.at + SKEW then
-          for c = 1, 3 do unseen[c] = unseen[c] + o.charged[c] end
-        else
-          ambiguous = true
-        end
-      end
-    end
-    from = upto + 1
+  local id = f.id - 1
+  while id >= ffirst do
+    local o = read_flight(id)
+    if o == nil or o.at + SKEW < f.at then break end
+    ambiguous = true
+    for c = 1, 3 do close[c] = close[c] + o.charged[c] end
+    id = id - 1
   end
-  if f.id > ffirst then
-    local before = read_flight(f.id - 1)
-    if before ~= nil and before.at + SKEW >= f.at then ambiguous = true end
+  id = f.id + 1
+  while id < fnext do
+    local o = read_flight(id)
+    if o == nil or o.at > f.at + SKEW then break end
+    ambiguous = true
+    for c = 1, 3 do close[c] = close[c] + o.charged[c] end
+    id = id + 1
   end
-  return unseen, ambiguous
+  return close, ambiguous
 end
 
 local function save_flights()
   if flights_gone then
-    redis.call('HDEL', hash, 'fn', 'ff', 'fa', 'c1', 'c2', 'c3', 'cv')
+    redis.call('HDEL', hash, 'fn', 'ff', 'fa', 'c1', 'c2', 'c3', 'cv', 'k1', 'k2', 'k3')
     return
   end
   if not flights_changed then return end
   redis.call('HSET', hash, 'fn', fmt(fnext), 'ff', fmt(ffirst), 'c1', fmt(cover[1]),
-    'c2', fmt(cover[2]), 'c3', fmt(cover[3]), 'cv', fmt(covers))
+    'c2', fmt(cover[2]), 'c3', fmt(cover[3]), 'cv', fmt(covers), 'k1', fmt(corrected[1]),
+    'k2', fmt(corrected[2]), 'k3', fmt(corrected[3]))
 end
 
 local function store()
@@ -680,7 +696,12 @@ elseif op == 'penalize' then
   if ffirst < fnext then
     covers = fnext - 1
     for c = 1, 3 do
-      if math.floor(spent / bit[c]) % 2 == 1 then cover[c] = emptied[c] end
+      if math.floor(spent / bit[c]) % 2 == 1 then
+        cover[c] = emptied[c]
+        -- What the windows held, the provider says is spent: taken off for spending
+        -- elsewhere, like a sync's correction.
+        corrected[c] = corrected[c] + emptied[c]
+      end
     end
     flights_changed = true
   end
@@ -712,25 +733,29 @@ elseif op == 'sync' then
   local charged = cost_args(args + 2, 0)
   local remaining = cost_args(args + 5, -1)
   local foreign = cost_args(args + 8, 0)
-  local margin = cost_args(args + 11, 0)
-  local if_above = {int(ARGV[args + 14], 0, 1), int(ARGV[args + 15], 0, 1), int(ARGV[args + 16], 0, 1)}
-  local refused = int(ARGV[args + 17], 0, 1)
-  if id == nil or charged == nil or remaining == nil or foreign == nil or margin == nil
-    or if_above[1] == nil or if_above[2] == nil or if_above[3] == nil or refused == nil then
+  local returnable = cost_args(args + 11, 0)
+  local margin = cost_args(args + 14, 0)
+  local if_more = {int(ARGV[args + 17], 0, 1), int(ARGV[args + 18], 0, 1), int(ARGV[args + 19], 0, 1)}
+  local refused = int(ARGV[args + 20], 0, 1)
+  if id == nil or charged == nil or remaining == nil or foreign == nil or returnable == nil
+    or margin == nil or if_more[1] == nil or if_more[2] == nil or if_more[3] == nil
+    or refused == nil then
     return fail('bad sync')
   end
   apply({-foreign[1], -foreign[2], -foreign[3]})
-  local f = read_flight(id)
-  local since, unseen, ambiguous = 0, {0, 0, 0}, true
-  if f ~= nil then
-    unseen, ambiguous = after(f)
-    since = now - f.at
+  local tracked = ffirst < fnext
+  if tracked then
+    for c = 1, 3 do corrected[c] = corrected[c] + foreign[c] end
+    flights_changed = true
   end
+  local f = read_flight(id)
+  local before, ambiguous = {0, 0, 0}, true
+  if f ~= nil then before, ambiguous = close_to(f) end
+  local own = charged
+  if f ~= nil then own = {f.charged[1], f.charged[2], f.charged[3]} end
   if refused == 1 then
     -- The provider refused the call and counted nothing of it: what it was charged here comes
     -- back, and it is done.
-    local own = charged
-    if f ~= nil then own = f.charged end
     apply({own[1], own[2], own[3]})
     if f ~= nil then
       f.charged = {0, 0, 0}
@@ -739,38 +764,77 @@ elseif op == 'sync' then
     end
   end
   local above = {nil, nil, nil}
-  for i = 1, k do
-    local c = w[i].cur
-    if remaining[c] >= 0 then
+  local spent = {nil, nil, nil}
+  local lowered = {0, 0, 0}
+  local returned = {0, 0, 0}
+  for c = 1, 3 do
+    local t = tightest[c]
+    if remaining[c] >= 0 and t ~= nil then
       local r = remaining[c]
-      if r > w[i].burst then r = w[i].burst end
-      local target = refill(i, r * w[i].scale, since) - units(i, unseen[c])
-      if target < 0 then target = 0 end
-      local tokens = whole(i, levels[i] - target)
-      if above[c] == nil or tokens < above[c] then above[c] = tokens end
-      local m = margin[c]
-      if if_above[c] == 1 and (tokens <= 0 or f == nil) then m = 0 end
-      target = target - units(i, m)
-      if target < 0 then target = 0 end
-      if levels[i] > target then levels[i] = target end
-    end
-  end
-  if f ~= nil then
-    local lowered = false
-    for c = 1, 3 do
-      if above[c] ~= nil and above[c] > 0 then
-        cover[c] = above[c]
-        lowered = true
+      if r > w[t].burst then r = w[t].burst end
+      local counted = r * w[t].scale
+      if f == nil then
+        above[c] = whole(t, levels[t] - counted)
+        for i = 1, k do
+          if w[i].cur == c then
+            local ri = remaining[c]
+            if ri > w[i].burst then ri = w[i].burst end
+            if levels[i] > ri * w[i].scale then levels[i] = ri * w[i].scale end
+          end
+        end
+      else
+        -- The call's own charge is in its record; a refused call is not in the count; calls that
+        -- went out close to it are left out of what is taken off, whichever side of it they
+        -- were counted on.
+        local held = f.level[c]
+        if refused == 1 then held = held - units(t, own[c]) end
+        -- What was spent elsewhere if the provider counted the calls in the order they went
+        -- out: a sample for the model.
+        local likely = whole(t, held - counted)
+        local excess = whole(t, held - units(t, before[c]) - counted)
+        local since = corrected[c] - f.corrected[c]
+        above[c] = excess
+        spent[c] = likely + f.corrected[c]
+        -- What this count finds spent elsewhere beyond what was corrected: the likely amount,
+        -- but never more than the margin beyond the least there can be.
+        local found_more = likely - since
+        if excess - since + margin[c] < found_more then found_more = excess - since + margin[c] end
+        local m = margin[c]
+        if if_more[c] == 1 and found_more <= 0 then m = 0 end
+        local take = found_more + m
+        if tracked and take > 0 then
+          corrected[c] = corrected[c] + take
+          lowered[c] = take
+          if found_more > 0 then
+            local covered = found_more
+            if take < covered then covered = take end
+            cover[c] = covered
+            covers = f.id
+          end
+          local delta = {0, 0, 0}
+          delta[c] = -take
+          apply(delta)
+          flights_changed = true
+        elseif tracked and take < 0 then
+          local back = -take
+          if returnable[c] < back then back = returnable[c] end
+          if back > 0 then
+            corrected[c] = corrected[c] - back
+            returned[c] = back
+            local delta = {0, 0, 0}
+            delta[c] = back
+            apply(delta)
+            flights_changed = true
+          end
+        end
       end
     end
-    if lowered then
-      covers = f.id
-      flights_changed = true
-    end
-    if refused == 1 then
-      prune()
-      if ffirst >= fnext then flights_gone = true end
-    end
+  end
+  local since_ms = 0
+  if f ~= nil then since_ms = now - f.at end
+  if refused == 1 and ffirst < fnext then
+    prune()
+    if ffirst >= fnext then flights_gone = true end
   end
   drop_shadow()
   store()
@@ -778,9 +842,15 @@ elseif op == 'sync' then
   for c = 1, 3 do
     if above[c] == nil then table.insert(reply, '') else table.insert(reply, above[c]) end
   end
+  for c = 1, 3 do
+    if spent[c] == nil then table.insert(reply, '') else table.insert(reply, spent[c]) end
+  end
   local amb = 0
   if ambiguous then amb = 1 end
   table.insert(reply, amb)
+  table.insert(reply, since_ms)
+  for c = 1, 3 do table.insert(reply, lowered[c]) end
+  for c = 1, 3 do table.insert(reply, returned[c]) end
   table.insert(reply, now)
   return reply
 elseif op == 'settle' then

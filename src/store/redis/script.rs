@@ -147,6 +147,7 @@ pub(super) fn op_args(op: Op) -> (&'static str, Vec<i64>) {
             args.extend(bucket::per_currency(sync.charged).map(amount));
             args.extend(sync.remaining.map(maybe));
             args.extend(sync.foreign.map(amount));
+            args.extend(sync.returnable.map(amount));
             args.extend(sync.margin.map(amount));
             args.extend(sync.margin_if_above.map(flag));
             args.push(flag(sync.refused));
@@ -198,8 +199,7 @@ pub(super) enum Reply {
         now_ms: u64,
     },
     Synced {
-        above: [Option<i64>; 3],
-        ambiguous: bool,
+        synced: crate::store::Synced,
         now_ms: u64,
     },
     Settled {
@@ -301,10 +301,17 @@ pub(super) fn parse_reply(value: Value) -> Option<Reply> {
                 Some(value) => as_int(value).map(Some),
                 None => None,
             };
-            Reply::Synced {
+            let synced = crate::store::Synced {
                 above: [maybe(1)?, maybe(2)?, maybe(3)?],
-                ambiguous: uint(4)? == 1,
-                now_ms: uint(5)?,
+                spent: [maybe(4)?, maybe(5)?, maybe(6)?],
+                ambiguous: uint(7)? == 1,
+                since: std::time::Duration::from_millis(uint(8)?),
+                lowered: [uint(9)?, uint(10)?, uint(11)?],
+                returned: [uint(12)?, uint(13)?, uint(14)?],
+            };
+            Reply::Synced {
+                synced,
+                now_ms: uint(15)?,
             }
         }
         "settled" => Reply::Settled {
