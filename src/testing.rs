@@ -6,6 +6,9 @@
 //!   operation used (so that a test can check the window bound on the server's clock).
 //! - [`Recording`] is a Redis store that keeps the server time of every admission.
 //! - [`redis_names`] gives the names a key has in Redis.
+//! - [`RuleBook`] runs the rule book every store follows (what the memory store runs, what the
+//!   Redis script ports) on one key at explicit times, with the script's ticket lease: the
+//!   reference a differential test compares the script with.
 //!
 //! A [`MemoryStore`](crate::MemoryStore) on a [`ManualClock`](crate::ManualClock) needs none
 //! of this: it moves only when told to, and [`Store::apply_now`](crate::Store::apply_now) runs
@@ -15,6 +18,9 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
+use std::time::Duration;
+
+use crate::bucket::{KeyState, Nanos};
 use crate::error::Error;
 use crate::rate::Limits;
 use crate::store::redis::{RedisKey, RedisStore};
@@ -92,5 +98,62 @@ impl Store for Recording {
 
     fn health_interval(&self) -> Option<std::time::Duration> {
         self.store.health_interval()
+    }
+}
+
+/// One key under the rule book, at explicit times: exactly what the memory store runs, with
+/// tickets that lapse one `lease` past their due time (as the Redis store's do) and numbered
+/// 1, 2, 3, ...
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::store::{Op, Outcome};
+/// use tollgate::testing::RuleBook;
+/// use tollgate::{Cost, Limits};
+///
+/// let limits = Limits::parse("10/s", "")?;
+/// let mut key = RuleBook::new(&limits, Duration::ZERO, Duration::from_secs(1));
+/// let try_one = Op::Acquire { cost: Cost::call(0), max_wait: Some(Duration::ZERO), fly: false };
+/// for _ in 0..10 {
+///     assert_eq!(key.apply(try_one, Duration::ZERO)?, Outcome::Admitted);
+/// }
+/// assert_eq!(key.apply(try_one, Duration::ZERO)?, Outcome::NotYet(Duration::from_millis(100)));
+/// # Ok::<(), tollgate::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct RuleBook {
+    limits: Limits,
+    state: KeyState,
+    lease: Duration,
+    tickets: u64,
+}
+
+impl RuleBook {
+    /// A key whose windows are full at `now`.
+    pub fn new(limits: &Limits, now: Duration, lease: Duration) -> RuleBook {
+        RuleBook {
+            limits: limits.clone(),
+            state: KeyState::new(limits, Nanos::from_duration(now)),
+            lease,
+            tickets: 0,
+        }
+    }
+
+    /// Runs `op` at `now` (time only moves forward: an earlier `now` counts as no time
+    /// passing).
+    pub fn apply(&mut self, op: Op, now: Duration) -> Result<Outcome, Error> {
+        let tickets = &mut self.tickets;
+        crate::store::memory::apply_to(
+            &mut self.state,
+            &self.limits,
+            "rule-book",
+            Nanos::from_duration(now),
+            op,
+            self.lease,
+            || {
+                *tickets += 1;
+                *tickets
+            },
+        )
     }
 }

@@ -245,6 +245,16 @@ impl KeyState {
         let Some(mut index) = queue.find(id) else {
             return Ok(Step::Lost);
         };
+        // A holder that comes back after its ticket's lease has lost its place: it lapsed, and
+        // may already be gone (a store forgets a key no ticket can still claim).
+        if queue.tickets[index].lease_until < now {
+            queue.remove(index);
+            queue.shadow = None;
+            if queue.tickets.is_empty() {
+                self.queue = None;
+            }
+            return Ok(Step::Lost);
+        }
         // Only the nearest tickets ahead are looked at, so that asking costs the same however
         // long the line; lapsed ones among them are dropped now (they would only block this
         // one). With more ahead, this ticket can't pass yet, and their cost is a lower bound.

@@ -150,49 +150,9 @@ impl MemoryStore {
         let now = self.inner.clock.now();
         let limits = &entry.limits;
         let mut state = lock(&entry.state);
-        let step = match op {
-            Op::Acquire {
-                cost,
-                max_wait,
-                fly,
-            } => state
-                .acquire(limits, now, cost, max_wait, fly, LEASE, || {
-                    NEXT_TICKET.fetch_add(1, Ordering::Relaxed)
-                })
-                .map_err(|e| Error::from_bucket(&entry.key, cost, e))?,
-            Op::Admit { ticket, fly } => state
-                .admit(limits, now, ticket.id(), fly, LEASE)
-                .map_err(|e| Error::from_bucket(&entry.key, Default::default(), e))?,
-            Op::Cancel { ticket } => state.cancel(now, ticket.id()),
-            Op::Adjust {
-                requests,
-                tokens,
-                output_tokens,
-            } => state.adjust(
-                limits,
-                now,
-                crate::bucket::Delta {
-                    requests,
-                    tokens,
-                    output_tokens,
-                },
-            ),
-            Op::Penalize { pause, spent } => state.penalize(limits, now, now.plus(pause), spent),
-            Op::Lower {
-                currency,
-                remaining,
-            } => state.lower(limits, now, currency, remaining),
-            Op::Sync(args) => state.sync(limits, now, &args),
-            Op::Settle {
-                flight,
-                charged,
-                used,
-                last,
-            } => state.settle(limits, now, flight, charged, used, last),
-            Op::Snapshot => return Ok(Outcome::Snapshot(state.snapshot(limits, now))),
-            Op::Ping => Step::Done,
-        };
-        Ok(outcome(step))
+        apply_to(&mut state, limits, &entry.key, now, op, LEASE, || {
+            NEXT_TICKET.fetch_add(1, Ordering::Relaxed)
+        })
     }
 
     /// How many keys hold state worth keeping: bound by a limiter, in debt or below capacity,
@@ -227,6 +187,60 @@ impl MemoryStore {
             shard.sweep(now);
         }
     }
+}
+
+/// Runs `op` on a key's `state` at `now`: the rule book's transition, as a store's answer.
+/// Tickets that lapse are kept `lease` past their due time; new ones are numbered by `id`.
+pub(crate) fn apply_to(
+    state: &mut KeyState,
+    limits: &Limits,
+    key: &str,
+    now: Nanos,
+    op: Op,
+    lease: Duration,
+    id: impl FnOnce() -> u64,
+) -> Result<Outcome, Error> {
+    let step = match op {
+        Op::Acquire {
+            cost,
+            max_wait,
+            fly,
+        } => state
+            .acquire(limits, now, cost, max_wait, fly, lease, id)
+            .map_err(|e| Error::from_bucket(key, cost, e))?,
+        Op::Admit { ticket, fly } => state
+            .admit(limits, now, ticket.id(), fly, lease)
+            .map_err(|e| Error::from_bucket(key, Default::default(), e))?,
+        Op::Cancel { ticket } => state.cancel(now, ticket.id()),
+        Op::Adjust {
+            requests,
+            tokens,
+            output_tokens,
+        } => state.adjust(
+            limits,
+            now,
+            crate::bucket::Delta {
+                requests,
+                tokens,
+                output_tokens,
+            },
+        ),
+        Op::Penalize { pause, spent } => state.penalize(limits, now, now.plus(pause), spent),
+        Op::Lower {
+            currency,
+            remaining,
+        } => state.lower(limits, now, currency, remaining),
+        Op::Sync(args) => state.sync(limits, now, &args),
+        Op::Settle {
+            flight,
+            charged,
+            used,
+            last,
+        } => state.settle(limits, now, flight, charged, used, last),
+        Op::Snapshot => return Ok(Outcome::Snapshot(state.snapshot(limits, now))),
+        Op::Ping => Step::Done,
+    };
+    Ok(outcome(step))
 }
 
 /// A step of the rule book as a store's answer.

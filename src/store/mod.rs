@@ -18,7 +18,7 @@ use crate::cost::Cost;
 use crate::error::Error;
 use crate::rate::{Currencies, Currency, Limits};
 
-mod memory;
+pub(crate) mod memory;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;

@@ -3,6 +3,7 @@
 
 mod cancel;
 mod cluster;
+mod differential;
 mod failover;
 mod faults;
 mod hardening;

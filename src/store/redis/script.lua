@@ -597,6 +597,13 @@ elseif op == 'admit' then
     store()
     return {'lost', now}
   end
+  -- A holder that comes back after its ticket's lease has lost its place: it lapsed.
+  if t.lease < now then
+    forget_ticket(t)
+    drop_shadow()
+    store()
+    return {'lost', now}
+  end
   -- Only the nearest tickets ahead are looked at, so that asking costs the same however long
   -- the line; lapsed ones among them are dropped now (they would only block this one). With
   -- more ahead, this ticket can't pass yet, and their cost is a lower bound.

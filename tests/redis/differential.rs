@@ -1,0 +1,361 @@
+//! The Redis script against the rule book it ports (`bucket/`, run by `testing::RuleBook`):
+//! thousands of random sequences of every operation, on many tickets and calls in flight, with
+//! leases that lapse, penalties, debt, lowering and syncs, driven through both at the same
+//! explicit millisecond times. Every answer must be the same: admissions, tickets and their due
+//! times, hints, lost tickets, what a penalty emptied, what a sync found and did, what a
+//! settlement changed, and every window's level.
+//!
+//! Where the two must differ, and how the test deals with it:
+//! - Time: the script counts milliseconds, the rule book nanoseconds. The test steps on whole
+//!   milliseconds, with rates that refill one token every whole number of milliseconds, so that
+//!   every wait is a whole number of milliseconds in both and the schedules agree exactly.
+//! - Ticket numbers: the script's are the time in ms times 1000 plus a counter, the rule
+//!   book's 1, 2, 3: the test maps each to the call that holds it.
+//! - Amounts: the script caps an amount at 66 bursts where the cap already decides, and
+//!   refuses arguments outside its exact range: the test stays inside it.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tollgate::store::redis::{RedisConfig, RedisStore};
+use tollgate::store::{Op, Outcome, SyncArgs, Ticket};
+use tollgate::testing::{RuleBook, redis_apply_at};
+use tollgate::{Cost, Currencies, Currency, Error, Limits, Store};
+use tollgate_testkit::Lcg;
+use tollgate_testkit::redis::RedisServer;
+
+const LEASE: Duration = Duration::from_secs(1);
+
+/// How many sequences, and how many operations each: 2,000 × 40 in CI; more with
+/// `TOLLGATE_DIFFERENTIAL_SEQUENCES`.
+fn sequences() -> u64 {
+    std::env::var("TOLLGATE_DIFFERENTIAL_SEQUENCES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2_000)
+}
+const STEPS: u64 = 40;
+
+/// Limits whose every rate refills one token every whole number of milliseconds.
+fn limit_sets() -> Vec<Limits> {
+    let output = |text: &str| text.parse::<tollgate::Rates>().unwrap();
+    vec![
+        Limits::parse("10/s", "1000/s burst 200").unwrap(),
+        Limits::parse("50/s burst 5", "200/s")
+            .unwrap()
+            .with_output_tokens(output("100/s")),
+        Limits::parse("60/m", "500/s; 20000/m").unwrap(),
+        Limits::parse("", "100/s burst 30").unwrap(),
+    ]
+}
+
+/// What a call holds on both sides: its ticket in each (while it waits), its flight number
+/// (once it went out), and what it was charged.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    ticket: Option<(u64, u64)>,
+    flight: Option<u64>,
+    cost: Cost,
+}
+
+/// An outcome with ticket numbers replaced by the number of the call that holds the ticket
+/// (levels compare as exact fractions, whatever their scale).
+fn normalized(outcome: Outcome, mapping: &HashMap<u64, usize>) -> Outcome {
+    match outcome {
+        Outcome::Queued { ticket, due_in } => Outcome::Queued {
+            ticket: Ticket::new(mapping.get(&ticket.id()).map_or(u64::MAX, |&c| c as u64)),
+            due_in,
+        },
+        other => other,
+    }
+}
+
+fn kind(err: &Error) -> String {
+    let text = format!("{err:?}");
+    text.split([' ', '{', '(']).next().unwrap_or("").to_owned()
+}
+
+/// A cost that fits every window.
+fn cost(rng: &mut Lcg, limits: &Limits) -> Cost {
+    let most = |currency: Currency| {
+        limits
+            .of(currency)
+            .as_slice()
+            .iter()
+            .map(|r| r.burst())
+            .min()
+            .unwrap_or(0)
+    };
+    let pick = |rng: &mut Lcg, most: u64| {
+        if most == 0 || rng.below(4) == 0 {
+            0
+        } else {
+            rng.below(most + 1)
+        }
+    };
+    let requests = u64::from(!limits.requests().is_empty() && rng.below(5) != 0);
+    let tokens = pick(rng, most(Currency::Tokens));
+    let output = pick(rng, most(Currency::OutputTokens));
+    let cost = Cost::new(requests, tokens).with_output_tokens(output);
+    if cost.is_zero() {
+        Cost::new(1, 0)
+    } else {
+        cost
+    }
+}
+
+fn maybe(rng: &mut Lcg, most: u64) -> Option<u64> {
+    (rng.below(3) != 0).then(|| rng.below(most + 1))
+}
+
+/// One random operation, and which call it concerns (a new one for an acquisition).
+fn operation(rng: &mut Lcg, limits: &Limits, calls: &[Held]) -> (Op, Option<usize>) {
+    let pick_call = |rng: &mut Lcg, wanted: fn(&Held) -> bool| {
+        let matching: Vec<usize> = (0..calls.len()).filter(|&i| wanted(&calls[i])).collect();
+        (!matching.is_empty()).then(|| matching[rng.below(matching.len() as u64) as usize])
+    };
+    let waiting = pick_call(rng, |h| h.ticket.is_some());
+    let flying = pick_call(rng, |h| h.flight.is_some());
+    match rng.below(100) {
+        0..=34 => {
+            let max_wait = match rng.below(3) {
+                0 => Some(Duration::ZERO),
+                1 => None,
+                _ => Some(Duration::from_millis(rng.below(5_000))),
+            };
+            let op = Op::Acquire {
+                cost: cost(rng, limits),
+                max_wait,
+                fly: rng.below(2) == 0,
+            };
+            (op, None)
+        }
+        35..=54 => match waiting {
+            Some(call) => {
+                let (_, redis) = calls[call].ticket.unwrap();
+                let op = Op::Admit {
+                    ticket: Ticket::new(redis),
+                    fly: rng.below(2) == 0,
+                };
+                (op, Some(call))
+            }
+            None => (Op::Snapshot, None),
+        },
+        55..=59 => match waiting {
+            Some(call) => {
+                let (_, redis) = calls[call].ticket.unwrap();
+                (
+                    Op::Cancel {
+                        ticket: Ticket::new(redis),
+                    },
+                    Some(call),
+                )
+            }
+            None => (Op::Snapshot, None),
+        },
+        60..=64 => {
+            let delta = |rng: &mut Lcg| rng.below(601) as i64 - 300;
+            let op = Op::Adjust {
+                requests: delta(rng) / 100,
+                tokens: delta(rng),
+                output_tokens: delta(rng),
+            };
+            (op, None)
+        }
+        65..=68 => {
+            let spent: Currencies = Currency::ALL
+                .into_iter()
+                .filter(|_| rng.below(2) == 0)
+                .collect();
+            let op = Op::Penalize {
+                pause: Duration::from_millis(rng.below(3_000)),
+                spent,
+            };
+            (op, None)
+        }
+        69..=72 => {
+            let currency = Currency::ALL[rng.below(3) as usize];
+            let op = Op::Lower {
+                currency,
+                remaining: rng.below(250),
+            };
+            (op, None)
+        }
+        73..=82 => {
+            let (flight, call) = match flying {
+                Some(call) if rng.below(8) != 0 => (calls[call].flight.unwrap(), Some(call)),
+                _ => (rng.below(40), None),
+            };
+            let charged = call.map_or(Cost::call(10), |c| calls[c].cost);
+            let mut args = SyncArgs::new(flight, charged, [None; 3]);
+            for i in 0..3 {
+                args.remaining[i] = maybe(rng, 600);
+                args.foreign[i] = if rng.below(3) == 0 { rng.below(50) } else { 0 };
+                args.returnable[i] = rng.below(100);
+                args.margin[i] = if rng.below(2) == 0 { rng.below(40) } else { 0 };
+                args.margin_if_above[i] = rng.below(2) == 0;
+            }
+            args.refused = rng.below(6) == 0;
+            (Op::Sync(args), call)
+        }
+        83..=92 => match flying {
+            Some(call) => {
+                let op = Op::Settle {
+                    flight: calls[call].flight.unwrap(),
+                    charged: calls[call].cost,
+                    used: [maybe(rng, 5), maybe(rng, 400), maybe(rng, 400)],
+                    last: rng.below(3) != 0,
+                };
+                (op, Some(call))
+            }
+            None => (Op::Snapshot, None),
+        },
+        _ => (Op::Snapshot, None),
+    }
+}
+
+/// The rule book's ticket number for Redis's, for an admission: the same call.
+fn to_rule_book(op: Op, calls: &[Held], call: Option<usize>) -> Op {
+    match (op, call) {
+        (Op::Admit { fly, .. }, Some(c)) => Op::Admit {
+            ticket: Ticket::new(calls[c].ticket.unwrap().0),
+            fly,
+        },
+        (Op::Cancel { .. }, Some(c)) => Op::Cancel {
+            ticket: Ticket::new(calls[c].ticket.unwrap().0),
+        },
+        (other, _) => other,
+    }
+}
+
+#[test]
+fn the_script_answers_every_operation_exactly_as_the_rule_book() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let runtime = tollgate_testkit::local_runtime();
+    runtime.block_on(async {
+        let config = RedisConfig::default().with_lease(LEASE);
+        let store = RedisStore::connect_with(&server.url(), config)
+            .await
+            .unwrap();
+        let sets = limit_sets();
+        let mut compared = 0u64;
+        // How often each kind of answer came, to show the sequences reach every path.
+        let mut seen: HashMap<&'static str, u64> = HashMap::new();
+        // `TOLLGATE_DIFFERENTIAL_TRACE=<seed>` prints that sequence's steps.
+        let trace: Option<u64> = std::env::var("TOLLGATE_DIFFERENTIAL_TRACE")
+            .ok()
+            .and_then(|v| v.parse().ok());
+        for seed in 0..sequences() {
+            let mut rng = Lcg(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5);
+            let limits = &sets[(seed % sets.len() as u64) as usize];
+            let key = store.bind(&format!("differential-{seed}"), limits).unwrap();
+            // Both start at a time far from zero, so that nothing rests on a clock's origin.
+            let mut now_ms = 1_000_000 + rng.below(1_000_000);
+            let mut book = RuleBook::new(limits, Duration::from_millis(now_ms), LEASE);
+            let mut calls: Vec<Held> = Vec::new();
+            let mut tickets: HashMap<u64, usize> = HashMap::new();
+            let mut book_tickets: HashMap<u64, usize> = HashMap::new();
+            for step in 0..STEPS {
+                now_ms += [0, 0, 1, 3, 20, 250, 1_000, 3_000][rng.below(8) as usize];
+                let (op, call) = operation(&mut rng, limits, &calls);
+                let book_op = to_rule_book(op, &calls, call);
+                let expected = book.apply(book_op, Duration::from_millis(now_ms));
+                let got = redis_apply_at(&store, &key, op, Some(now_ms))
+                    .await
+                    .map(|(outcome, _)| outcome);
+                let context = || format!("seed {seed}, step {step}, at {now_ms} ms: {op:?}");
+                if trace == Some(seed) {
+                    eprintln!("{}\n  rule book {expected:?}\n  script    {got:?}", context());
+                }
+                let (expected, got) = match (expected, got) {
+                    (Err(a), Err(b)) => {
+                        assert_eq!(kind(&a), kind(&b), "{}: {a} / {b}", context());
+                        continue;
+                    }
+                    (Ok(a), Ok(b)) => (a, b),
+                    (a, b) => panic!("{}: the rule book {a:?}, the script {b:?}", context()),
+                };
+                // Remember what each call now holds, on both sides.
+                let index = call.unwrap_or(calls.len());
+                if call.is_none() {
+                    let cost = match op {
+                        Op::Acquire { cost, .. } => cost,
+                        _ => Cost::default(),
+                    };
+                    calls.push(Held {
+                        ticket: None,
+                        flight: None,
+                        cost,
+                    });
+                }
+                match (&expected, &got) {
+                    (
+                        Outcome::Queued { ticket: mine, .. },
+                        Outcome::Queued { ticket: theirs, .. },
+                    ) => {
+                        calls[index].ticket = Some((mine.id(), theirs.id()));
+                        tickets.insert(theirs.id(), index);
+                        book_tickets.insert(mine.id(), index);
+                    }
+                    (Outcome::Flying(flight), _) => {
+                        calls[index].ticket = None;
+                        calls[index].flight = Some(*flight);
+                    }
+                    (Outcome::Admitted | Outcome::Lost, _)
+                        if matches!(op, Op::Admit { .. } | Op::Cancel { .. }) =>
+                    {
+                        calls[index].ticket = None;
+                    }
+                    _ => {}
+                }
+                if let Op::Cancel { .. } = op {
+                    calls[index].ticket = None;
+                }
+                let what = match &got {
+                    Outcome::Admitted => "admitted",
+                    Outcome::Flying(_) => "flying",
+                    Outcome::Queued { .. } => "queued",
+                    Outcome::NotYet(_) => "not yet",
+                    Outcome::Behind(_) => "behind",
+                    Outcome::Lost => "lost",
+                    Outcome::Emptied(e) if e.iter().any(|t| *t > 0) => "emptied",
+                    Outcome::Lowered(t) if *t > 0 => "lowered",
+                    Outcome::Synced(s) if s.lowered.iter().any(|t| *t > 0) => "synced, took off",
+                    Outcome::Synced(s) if s.returned.iter().any(|t| *t > 0) => "synced, gave back",
+                    Outcome::Synced(s) if s.spent.iter().all(Option::is_none) => "synced, unknown",
+                    Outcome::Settled(d) if d.iter().any(|t| *t < 0) => "settled, charged",
+                    Outcome::Settled(d) if d.iter().any(|t| *t > 0) => "settled, refunded",
+                    _ => "other",
+                };
+                *seen.entry(what).or_default() += 1;
+                assert_eq!(
+                    normalized(expected, &book_tickets),
+                    normalized(got, &tickets),
+                    "{}",
+                    context()
+                );
+                // The levels after every step, to the unit.
+                let levels = book.apply(Op::Snapshot, Duration::from_millis(now_ms)).unwrap();
+                let (theirs, _) = redis_apply_at(&store, &key, Op::Snapshot, Some(now_ms))
+                    .await
+                    .unwrap();
+                assert_eq!(levels, theirs, "{}: levels after", context());
+                compared += 1;
+            }
+        }
+        assert!(compared >= sequences() * STEPS / 2, "{compared} answers compared");
+        eprintln!("differential: {compared} answers compared: {seen:?}");
+        if sequences() >= 1_000 {
+            for kind in [
+                "admitted", "flying", "queued", "not yet", "behind", "lost", "emptied", "lowered",
+                "synced, took off", "synced, gave back", "synced, unknown", "settled, charged",
+                "settled, refunded",
+            ] {
+                let count = seen.get(kind).copied().unwrap_or(0);
+                assert!(count >= 20, "only {count} answers were `{kind}`: {seen:?}");
+            }
+        }
+    });
+}
