@@ -279,3 +279,113 @@ async fn dropped_acquire_holds_nothing_and_consumed_nothing() {
         }
     }
 }
+
+/// A token limiter: 600 tokens a minute (10 a second), with one request window out of the way.
+fn tokens_limiter() -> Limiter<MemoryStore> {
+    Limiter::new(
+        "replan",
+        Limits::parse("", "600/m").unwrap(),
+        MemoryStore::new(),
+    )
+    .unwrap()
+}
+
+/// `n` waiters of `tokens` each, queued in order; answers when each passed, from `start`.
+fn waiters(
+    limiter: &Limiter<MemoryStore>,
+    n: usize,
+    tokens: u64,
+    start: Instant,
+) -> Vec<tokio::task::JoinHandle<Duration>> {
+    (0..n)
+        .map(|_| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move {
+                limiter
+                    .acquire_timeout(Cost::new(0, tokens), None)
+                    .await
+                    .unwrap();
+                start.elapsed()
+            })
+        })
+        .collect()
+}
+
+async fn passed(waiters: Vec<tokio::task::JoinHandle<Duration>>) -> Vec<Duration> {
+    let mut times = Vec::new();
+    for waiter in waiters {
+        times.push(waiter.await.unwrap());
+    }
+    times
+}
+
+/// Ten calls of 60 drain the window; five waiters of 50 queue behind (their turns are 5 s
+/// apart on the empty window's schedule). The ten settle at 10 each at 1 s, giving back 500:
+/// every waiter passes then, not at its old due time.
+#[tokio::test(start_paused = true)]
+async fn a_refund_plans_the_line_again_and_every_waiter_that_can_pay_passes_at_once() {
+    let limiter = tokens_limiter();
+    let start = Instant::now();
+    let mut permits = Vec::new();
+    for _ in 0..10 {
+        permits.push(limiter.acquire(Cost::new(0, 60)).await.unwrap());
+    }
+    let line = waiters(&limiter, 5, 50, start);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for permit in permits {
+        permit.settle(10).await.unwrap();
+    }
+    assert_eq!(passed(line).await, vec![Duration::from_secs(1); 5]);
+    // 500 given back and 10 refilled, 250 taken.
+    let left = limiter.snapshot().await.unwrap().tokens().unwrap();
+    assert!(left.is(260, 1), "{left}");
+}
+
+/// The same, with the key paused for 2 s by a 429 right after the drain: the refunds at 1 s
+/// come during the pause, and every waiter passes the moment it lifts.
+#[tokio::test(start_paused = true)]
+async fn after_a_pause_the_line_passes_as_soon_as_the_windows_can_pay() {
+    let limiter = tokens_limiter();
+    let start = Instant::now();
+    let mut permits = Vec::new();
+    for _ in 0..10 {
+        permits.push(limiter.acquire(Cost::new(0, 60)).await.unwrap());
+    }
+    let line = waiters(&limiter, 5, 50, start);
+    tokio::task::yield_now().await;
+    limiter.penalize(Duration::from_secs(2)).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for permit in permits {
+        permit.settle(10).await.unwrap();
+    }
+    assert_eq!(passed(line).await, vec![Duration::from_secs(2); 5]);
+}
+
+/// Half the calls settle below their estimate and half above: 5 × 50 come back and 5 × 30 are
+/// charged, 100 tokens net at 1 s. Two waiters of 50 pass then; the third at 1 s plus the
+/// refill of its 50 (5 s), the fourth 5 s later, and the fifth 5 s after that: each the moment
+/// its tokens exist.
+#[tokio::test(start_paused = true)]
+async fn mixed_settlements_let_each_waiter_pass_when_its_tokens_exist() {
+    let limiter = tokens_limiter();
+    let start = Instant::now();
+    let mut permits = Vec::new();
+    for _ in 0..10 {
+        permits.push(limiter.acquire(Cost::new(0, 60)).await.unwrap());
+    }
+    let line = waiters(&limiter, 5, 50, start);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for (i, permit) in permits.into_iter().enumerate() {
+        permit
+            .settle(if i % 2 == 0 { 10 } else { 90 })
+            .await
+            .unwrap();
+    }
+    // At 1 s: 10 refilled + 250 back − 150 charged = 110: two pass (100), 10 left; the third
+    // needs 40 more (4 s), the fourth 50 more after it (5 s), the fifth 5 s after that.
+    let secs = Duration::from_secs;
+    assert_eq!(
+        passed(line).await,
+        vec![secs(1), secs(1), secs(5), secs(10), secs(15)]
+    );
+}

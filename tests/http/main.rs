@@ -3,6 +3,8 @@
 
 #[cfg(feature = "async-openai")]
 mod async_openai;
+mod bound;
+mod closed_loop;
 mod gate;
 #[cfg(feature = "reqwest-middleware")]
 mod reqwest_middleware;

@@ -267,7 +267,10 @@ fn the_script_answers_every_operation_exactly_as_the_rule_book() {
                     .map(|(outcome, _)| outcome);
                 let context = || format!("seed {seed}, step {step}, at {now_ms} ms: {op:?}");
                 if trace == Some(seed) {
-                    eprintln!("{}\n  rule book {expected:?}\n  script    {got:?}", context());
+                    eprintln!(
+                        "{}\n  rule book {expected:?}\n  script    {got:?}",
+                        context()
+                    );
                 }
                 let (expected, got) = match (expected, got) {
                     (Err(a), Err(b)) => {
@@ -337,7 +340,9 @@ fn the_script_answers_every_operation_exactly_as_the_rule_book() {
                     context()
                 );
                 // The levels after every step, to the unit.
-                let levels = book.apply(Op::Snapshot, Duration::from_millis(now_ms)).unwrap();
+                let levels = book
+                    .apply(Op::Snapshot, Duration::from_millis(now_ms))
+                    .unwrap();
                 let (theirs, _) = redis_apply_at(&store, &key, Op::Snapshot, Some(now_ms))
                     .await
                     .unwrap();
@@ -345,12 +350,25 @@ fn the_script_answers_every_operation_exactly_as_the_rule_book() {
                 compared += 1;
             }
         }
-        assert!(compared >= sequences() * STEPS / 2, "{compared} answers compared");
+        assert!(
+            compared >= sequences() * STEPS / 2,
+            "{compared} answers compared"
+        );
         eprintln!("differential: {compared} answers compared: {seen:?}");
         if sequences() >= 1_000 {
             for kind in [
-                "admitted", "flying", "queued", "not yet", "behind", "lost", "emptied", "lowered",
-                "synced, took off", "synced, gave back", "synced, unknown", "settled, charged",
+                "admitted",
+                "flying",
+                "queued",
+                "not yet",
+                "behind",
+                "lost",
+                "emptied",
+                "lowered",
+                "synced, took off",
+                "synced, gave back",
+                "synced, unknown",
+                "settled, charged",
                 "settled, refunded",
             ] {
                 let count = seen.get(kind).copied().unwrap_or(0);
