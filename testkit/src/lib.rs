@@ -33,9 +33,12 @@
 //!   file a module of it: a test binary links the whole dependency tree, so a new file is a
 //!   module, not a new binary.
 
+mod captured;
 pub mod provider;
 pub mod redis;
 pub mod stores;
+
+pub use captured::Captured;
 
 use std::future::Future;
 use std::pin::pin;

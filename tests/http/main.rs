@@ -6,6 +6,7 @@ mod async_openai;
 mod bound;
 mod closed_loop;
 mod gate;
+mod hostile;
 #[cfg(feature = "reqwest-middleware")]
 mod reqwest_middleware;
 #[cfg(feature = "tower")]
