@@ -173,10 +173,7 @@ impl Ledger {
                 // The debt, in units of 1/P token.
                 let level = window.tokens;
                 let debt = if level.units() < 0 {
-                    (-level.units()) as u128 * period / u128::from(level.scale())
-                        + u128::from(
-                            (-level.units()) as u128 * period % u128::from(level.scale()) != 0,
-                        )
+                    ((-level.units()) as u128 * period).div_ceil(u128::from(level.scale()))
                 } else {
                     0
                 };
