@@ -144,14 +144,15 @@ mod config;
 mod cost;
 mod counting;
 mod error;
+pub mod headers;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
 mod limiter;
 mod macro_support;
 mod rate;
+mod rate_limited;
 mod registry;
-mod retry_after;
 pub mod store;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
@@ -164,11 +165,12 @@ pub use config::{Config, KeyConfig, install_config};
 pub use cost::{Cost, Usage};
 pub use counting::OFF_WORKER_ABOVE;
 pub use error::{Cause, Error};
+#[doc(no_inline)]
+pub use headers::{MAX_RETRY_AFTER, parse_retry_after};
 pub use limiter::{Attempt, Limiter, LimiterBuilder, Permit, Settled, WaitPolicy};
-pub use macro_support::RateLimited;
 pub use rate::{Currencies, Currency, Limits, Rate, RateError, RateErrorKind, Rates};
+pub use rate_limited::RateLimited;
 pub use registry::{Registry, install_store};
-pub use retry_after::{MAX_RETRY_AFTER, parse_retry_after};
 pub use store::{MemoryStore, Store};
 /// The estimators crate: token counts from a call's arguments.
 pub use tollgate_estimators as estimators;

@@ -13,8 +13,6 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 pub use tollgate_grammar::{Rate, RateError, RateErrorKind, Rates};
 
-use crate::error::Error;
-
 /// What a window counts. A [`Cost`](crate::Cost) has a part in each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -204,8 +202,9 @@ impl Limits {
 
     /// Limits from two rate strings; an empty string leaves that currency unlimited.
     ///
-    /// A string that does not parse is [`Error::Rate`], naming the window that is wrong.
-    pub fn parse(requests: &str, tokens: &str) -> Result<Limits, Error> {
+    /// A string that does not parse is a [`RateError`], naming the window that is wrong (it
+    /// converts into [`Error::Rate`](crate::Error::Rate), so `?` works in either).
+    pub fn parse(requests: &str, tokens: &str) -> Result<Limits, RateError> {
         Ok(Limits::new(
             Rates::parse_or_none(requests)?,
             Rates::parse_or_none(tokens)?,

@@ -11,11 +11,11 @@ use tokio::time::Instant;
 
 use super::foreign::start_charger;
 use super::gate::{Gate, LimitsFrom};
-use super::headers::{RateHeader, rate_headers, retry_pause};
 use super::keys::Keyed;
 use super::usage::{Reported, error_detail};
 use super::verdict::Verdict;
 use crate::bucket::{SyncArgs, index};
+use crate::headers::{RateHeader, rate_headers, retry_pause};
 use crate::{Cost, Currencies, Currency, Error, Limiter, Permit, Usage};
 
 /// One request on its way: admitted, and waiting for its response.

@@ -49,7 +49,6 @@ mod body;
 mod call;
 mod foreign;
 mod gate;
-mod headers;
 mod keys;
 mod profile;
 mod usage;
@@ -57,10 +56,11 @@ mod verdict;
 
 use crate::bucket::index;
 
+#[doc(no_inline)]
+pub use crate::headers::{RateHeader, go_duration, rate_headers, retry_pause};
 pub use body::Metered;
 pub use call::Call;
 pub use gate::{Gate, GateBuilder, KeyFn};
-pub use headers::{RateHeader, go_duration, rate_headers, retry_pause};
 pub use profile::{HeaderNames, OutputTo, Profile, ResetForm};
 pub use usage::{Reported, UsageScanner};
 pub use verdict::{PermanentRefusal, Verdict};

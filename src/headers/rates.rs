@@ -5,9 +5,10 @@ use std::time::{Duration, SystemTime};
 
 use http::HeaderMap;
 
-use super::profile::{Profile, ResetForm};
-use crate::retry_after::until_rfc3339;
-use crate::{Currency, MAX_RETRY_AFTER, parse_retry_after};
+use super::retry_after::until_rfc3339;
+use super::{MAX_RETRY_AFTER, parse_retry_after};
+use crate::Currency;
+use crate::http::{Profile, ResetForm};
 
 /// What the headers of one response said about one currency.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
