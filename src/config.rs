@@ -48,9 +48,7 @@ impl KeyConfig {
             return Ok(found);
         }
         let estimator = match &self.estimator {
-            Some(name) => crate::counting::count(crate::counting::OFF_WORKER_ABOVE, || {
-                tollgate_estimators::estimator(name)
-            })?,
+            Some(name) => crate::counting::estimator_named(name)?,
             None => crate::limiter::default_estimator(),
         };
         Ok(self.resolved.get_or_init(|| estimator))

@@ -163,7 +163,6 @@ pub use bucket::{Amount, Available, Snapshot};
 pub use clock::ManualClock;
 pub use config::{Config, KeyConfig, install_config};
 pub use cost::{Cost, Usage};
-pub use counting::OFF_WORKER_ABOVE;
 pub use error::{Cause, Error};
 #[doc(no_inline)]
 pub use headers::{MAX_RETRY_AFTER, parse_retry_after};

@@ -159,9 +159,7 @@ impl Call<'_> {
                 return Ok(estimator);
             }
             // The first use reads the vocabulary: off the async worker, as a long count is.
-            let estimator = crate::counting::count(crate::counting::OFF_WORKER_ABOVE, || {
-                tollgate_estimators::estimator(name)
-            })?;
+            let estimator = crate::counting::estimator_named(name)?;
             return Ok(site.estimator.get_or_init(|| estimator));
         }
         match self.config {
@@ -222,7 +220,7 @@ impl Call<'_> {
         text_len: usize,
         tally: impl FnOnce() -> Result<Estimate, Error>,
     ) -> Result<Estimate, Error> {
-        crate::counting::count(text_len, tally)
+        crate::counting::count(self.limiter.off_worker_above(), text_len, tally)
     }
 
     /// Settles `permit` with the usage the body's answer reported; a store that fails here is

@@ -50,6 +50,7 @@ pub(super) struct Inner {
     pub(super) backoff: Backoff,
     timeout: Option<Duration>,
     first_answer: Option<Duration>,
+    off_worker_above: usize,
     keys: Mutex<HashMap<String, Arc<Keyed>>>,
     /// A 429 came back from inside the layer once: warned.
     pub(super) warned_inside: std::sync::atomic::AtomicBool,
@@ -115,6 +116,7 @@ pub struct GateBuilder {
     backoff: Backoff,
     timeout: Option<Duration>,
     first_answer: Option<Duration>,
+    off_worker_above: usize,
 }
 
 impl fmt::Debug for GateBuilder {
@@ -200,6 +202,14 @@ impl GateBuilder {
         self
     }
 
+    /// Bodies with at least this many bytes of text are counted off the async worker, on a
+    /// multi-threaded tokio runtime (default 256 KB). `usize::MAX` counts everything where it
+    /// is.
+    pub fn count_off_worker_above(mut self, bytes: usize) -> GateBuilder {
+        self.off_worker_above = bytes;
+        self
+    }
+
     /// The same as [`timeout`](GateBuilder::timeout), for the wait while a key's limits are
     /// still unknown.
     #[deprecated(note = "the gate has one deadline now: use `timeout`")]
@@ -227,7 +237,7 @@ impl GateBuilder {
         {
             return Err(no_limits());
         }
-        let estimator = tollgate_estimators::estimator_strict(self.profile.estimator_name())?;
+        let estimator = crate::counting::estimator_named(self.profile.estimator_name())?;
         let key = self.key.unwrap_or_else(|| {
             let name = self.profile.name().to_owned();
             Arc::new(move |_: &http::request::Parts, body: &Value| {
@@ -250,6 +260,7 @@ impl GateBuilder {
                 backoff: self.backoff,
                 timeout: self.timeout,
                 first_answer: self.first_answer,
+                off_worker_above: self.off_worker_above,
                 keys: Mutex::new(HashMap::new()),
                 warned_inside: std::sync::atomic::AtomicBool::new(false),
             }),
@@ -271,6 +282,7 @@ impl Gate {
             backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(30)),
             timeout: Some(TIMEOUT),
             first_answer: Some(FIRST_ANSWER_WAIT),
+            off_worker_above: crate::counting::DEFAULT_OFF_WORKER_ABOVE,
         }
     }
 
@@ -371,7 +383,8 @@ impl Gate {
             return Ok(Cost::call(0));
         }
         let estimator = &self.inner.estimator;
-        let estimate = crate::counting::count(tollgate_estimators::text_len(body), || {
+        let above = self.inner.off_worker_above;
+        let estimate = crate::counting::count(above, tollgate_estimators::text_len(body), || {
             tollgate_estimators::estimate(&**estimator, body)
         })?;
         Ok(match self.inner.profile.output {

@@ -99,6 +99,7 @@ pub struct LimiterBuilder<S: Store = AnyStore> {
     store: S,
     policy: WaitPolicy,
     estimator: Option<Arc<dyn Estimator>>,
+    off_worker_above: usize,
 }
 
 impl<S: Store> std::fmt::Debug for LimiterBuilder<S> {
@@ -119,6 +120,7 @@ impl LimiterBuilder {
             store: AnyStore::default(),
             policy: WaitPolicy::default(),
             estimator: None,
+            off_worker_above: crate::counting::DEFAULT_OFF_WORKER_ABOVE,
         }
     }
 }
@@ -132,6 +134,7 @@ impl<S: Store> LimiterBuilder<S> {
             store,
             policy: self.policy,
             estimator: self.estimator,
+            off_worker_above: self.off_worker_above,
         }
     }
 
@@ -166,13 +169,18 @@ impl<S: Store> LimiterBuilder<S> {
         self
     }
 
+    /// Arguments with at least this many bytes of text are counted off the async worker, on a
+    /// multi-threaded tokio runtime (default 256 KB, about 60,000 tokens, or 6 ms of counting):
+    /// the worker's other tasks move to another thread first, so a long count doesn't stall
+    /// them. `usize::MAX` counts everything where it is.
+    pub fn count_off_worker_above(mut self, bytes: usize) -> Self {
+        self.off_worker_above = bytes;
+        self
+    }
+
     /// The estimator called `name` (`openai`, `openai:gpt-4`, `voyageai`, `hf:path`, `words`).
     pub fn estimator_named(self, name: &str) -> Result<Self, Error> {
-        // Reading a vocabulary takes a while: off the async worker, as a long count is.
-        let estimator = crate::counting::count(crate::counting::OFF_WORKER_ABOVE, || {
-            tollgate_estimators::estimator(name)
-        })?;
-        Ok(self.estimator(estimator))
+        Ok(self.estimator(crate::counting::estimator_named(name)?))
     }
 
     /// The limiter. Fails with [`Error::NoLimits`] when the limits have no window, and with the
@@ -202,6 +210,7 @@ impl<S: Store> LimiterBuilder<S> {
                 penalties: std::sync::atomic::AtomicU64::new(0),
                 cover: std::sync::Mutex::default(),
                 unsettled: AtomicUsize::new(0),
+                off_worker_above: self.off_worker_above,
             }),
         })
     }

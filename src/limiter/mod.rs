@@ -75,6 +75,8 @@ struct Inner<S: Store> {
     /// Calls in flight that will settle (the HTTP gate's): refunds may still come, so a wait
     /// that looks longer than the deadline is not certain.
     unsettled: AtomicUsize,
+    /// Texts of at least this many bytes are counted off the async worker.
+    off_worker_above: usize,
 }
 
 /// What the last penalty emptied, per currency, and which penalty that was.
@@ -166,7 +168,7 @@ impl<S: Store> std::fmt::Debug for Limiter<S> {
 pub(crate) fn default_estimator() -> Arc<dyn Estimator> {
     static DEFAULT: OnceLock<Arc<dyn Estimator>> = OnceLock::new();
     Arc::clone(DEFAULT.get_or_init(|| {
-        crate::counting::count(crate::counting::OFF_WORKER_ABOVE, || {
+        crate::counting::count(0, usize::MAX, || {
             tollgate_estimators::estimator("openai")
                 .unwrap_or_else(|_| Arc::new(tollgate_estimators::Words))
         })
@@ -233,20 +235,27 @@ impl<S: Store> Limiter<S> {
             .build()
     }
 
+    /// Texts of at least this many bytes are counted off the async worker.
+    pub(crate) fn off_worker_above(&self) -> usize {
+        self.inner.off_worker_above
+    }
+
     /// The estimator this limiter counts arguments with.
     pub fn estimator(&self) -> &Arc<dyn Estimator> {
         self.inner.estimator.get_or_init(default_estimator)
     }
 
     /// The tokens `args` will cost, by this limiter's estimator (see
-    /// [`tollgate_estimators::estimate`] for what counts). Arguments with more than
-    /// [`OFF_WORKER_ABOVE`](crate::OFF_WORKER_ABOVE) bytes of text are counted off the async
-    /// worker on a multi-threaded runtime.
+    /// [`tollgate_estimators::estimate`] for what counts). Long arguments are counted off the
+    /// async worker on a multi-threaded runtime (see
+    /// [`LimiterBuilder::count_off_worker_above`](crate::LimiterBuilder::count_off_worker_above)).
     pub fn estimate<T: Serialize + ?Sized>(&self, args: &T) -> Result<Estimate, Error> {
         let estimator = self.estimator();
-        crate::counting::count(tollgate_estimators::text_len(args), || {
-            Ok(tollgate_estimators::estimate(&**estimator, args)?)
-        })
+        crate::counting::count(
+            self.off_worker_above(),
+            tollgate_estimators::text_len(args),
+            || Ok(tollgate_estimators::estimate(&**estimator, args)?),
+        )
     }
 
     /// Waits for one request plus the estimated input tokens of `args`, like

@@ -120,3 +120,45 @@ fn loading_a_vocabulary_happens_off_the_worker_too() {
     println!("first use: the ticker overslept by at most {worst:?}");
     assert!(worst <= LATE, "overslept by {worst:?}");
 }
+
+#[test]
+fn the_threshold_is_the_builders() {
+    // Told to count everything where it is, the limiter stalls the worker for the whole count:
+    // the setting is what moves the count, not a constant.
+    tollgate::estimators::estimator("openai")
+        .unwrap()
+        .count("warm up");
+    // Another text than the other test's: the estimator remembers what it counted.
+    let messages = vec![Message {
+        role: "user",
+        content: "A slow count on the worker holds every task behind it. ".repeat(70_000),
+    }];
+    let worst = worst_tick_while(async move {
+        let limiter = Limiter::builder("on-worker", Limits::parse("", "10000000/m").unwrap())
+            .count_off_worker_above(usize::MAX)
+            .build()
+            .unwrap();
+        limiter.acquire_for(&messages).await.unwrap();
+    });
+    assert!(worst > LATE, "overslept by only {worst:?}");
+}
+
+#[test]
+fn a_named_estimator_is_strict_everywhere() {
+    // A vocabulary that can't be loaded is an error wherever a user names it, never a quiet
+    // fallback to another count.
+    let missing = "hf:/nonexistent/tokenizer.json";
+    let builder = Limiter::builder("strict", Limits::parse("", "100/m").unwrap());
+    let error = builder.estimator_named(missing).unwrap_err();
+    assert!(
+        matches!(error, tollgate::Error::Estimator { .. }),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("could not load"), "{error}");
+    let config = tollgate::Config::from_toml(&format!(
+        "[keys.strict]\ntokens = \"100/m\"\nestimator = \"{missing}\"\n"
+    ))
+    .unwrap();
+    let error = config.key("strict").unwrap().estimator().unwrap_err();
+    assert!(error.to_string().contains("could not load"), "{error}");
+}
