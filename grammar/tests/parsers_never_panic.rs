@@ -8,6 +8,30 @@ use tollgate_grammar::{
     EstimatorName, MAX_CAPACITY_UNITS, Rate, RateErrorKind, Rates, parse_timeout,
 };
 
+/// Numbers that reach the edges: small ones, powers of two and their neighbours (where
+/// amount × period crosses 2^120 for some period), and any at all.
+fn edge_u64() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        0u64..=1_000,
+        (0u32..64, -2i64..=2).prop_map(|(p, d)| (1u64 << p).saturating_add_signed(d)),
+        Just(u64::MAX),
+        any::<u64>(),
+    ]
+}
+
+/// Periods in milliseconds that reach the edges: short ones, up to a day, around 2^63 ns (the
+/// longest period) and beyond it, and any at all.
+fn period_ms() -> impl Strategy<Value = u64> {
+    let longest_ms = (i64::MAX as u64) / 1_000_000;
+    prop_oneof![
+        0u64..=1_000,
+        1u64..=86_400_000,
+        (longest_ms - 3)..=(longest_ms + 3),
+        (0u32..64).prop_map(|p| 1u64 << p),
+        any::<u64>(),
+    ]
+}
+
 fn config() -> ProptestConfig {
     ProptestConfig::with_cases(10_000)
 }
@@ -70,7 +94,10 @@ proptest! {
                 prop_assert!(
                     u128::from(rate.burst()) * u128::from(rate.period_nanos()) < MAX_CAPACITY_UNITS
                 );
-                prop_assert!(rate.time_to_fill() >= Duration::ZERO);
+                // An empty bucket fills in burst × period / amount, rounded up.
+                let fill = (u128::from(rate.burst()) * u128::from(rate.period_nanos()))
+                    .div_ceil(u128::from(rate.amount()));
+                prop_assert_eq!(rate.time_to_fill().as_nanos(), fill.min(u128::from(u64::MAX)));
             }
             Err(err) => {
                 prop_assert_eq!(err.input(), text.as_str());
@@ -80,21 +107,38 @@ proptest! {
     }
 
     #[test]
-    fn programmatic_rates_refuse_what_would_overflow(
-        amount in any::<u64>(),
-        period_ms in any::<u64>(),
-        burst in any::<u64>(),
+    fn programmatic_rates_are_refused_exactly_when_they_would_overflow(
+        amount in edge_u64(),
+        period_ms in period_ms(),
+        burst in edge_u64(),
     ) {
-        if let Ok(rate) = Rate::new(amount, Duration::from_millis(period_ms)) {
-            match rate.with_burst(burst) {
-                Ok(r) => prop_assert!(
-                    u128::from(r.burst()) * u128::from(r.period_nanos()) < MAX_CAPACITY_UNITS
-                ),
-                Err(e) => prop_assert!(matches!(
-                    e.kind(),
-                    RateErrorKind::ZeroBurst | RateErrorKind::CapacityTooLarge
-                )),
+        // The bounds, computed here from the documented limits rather than by the code under
+        // test: a period of 1 ms to 2^63 - 1 ns, and amount × period below 2^120.
+        let period_ns = u128::from(period_ms) * 1_000_000;
+        let period_ok = period_ms > 0 && period_ns <= u128::from(i64::MAX as u64);
+        let fits = |n: u64| n > 0 && u128::from(n) * period_ns < MAX_CAPACITY_UNITS;
+        match Rate::new(amount, Duration::from_millis(period_ms)) {
+            Ok(rate) => {
+                prop_assert!(period_ok && fits(amount));
+                prop_assert_eq!(rate.amount(), amount);
+                prop_assert_eq!(u128::from(rate.period_nanos()), period_ns);
+                match rate.with_burst(burst) {
+                    Ok(r) => {
+                        prop_assert!(fits(burst));
+                        prop_assert_eq!(r.burst(), burst);
+                    }
+                    Err(e) => {
+                        prop_assert!(!fits(burst));
+                        let expected = if burst == 0 {
+                            RateErrorKind::ZeroBurst
+                        } else {
+                            RateErrorKind::CapacityTooLarge
+                        };
+                        prop_assert_eq!(e.kind(), &expected);
+                    }
+                }
             }
+            Err(_) => prop_assert!(!(period_ok && fits(amount))),
         }
     }
 

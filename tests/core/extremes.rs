@@ -9,13 +9,27 @@ use proptest::prelude::*;
 use tollgate::store::{Op, Outcome};
 use tollgate::{Cost, Currency, Limits, ManualClock, MemoryStore, Rate, Rates, Store};
 
+/// The longest period the grammar accepts, in whole milliseconds.
+const LONGEST_MS: u64 = (i64::MAX as u64) / 1_000_000;
+
+#[test]
+fn the_longest_periods_are_inside_the_grammar() {
+    // Otherwise the strategy below would filter its longest arm away.
+    assert!(Rate::new(1, Duration::from_millis(LONGEST_MS)).is_ok());
+    assert!(Rate::new(1, Duration::from_millis(LONGEST_MS + 1)).is_err());
+    assert!(Rate::new(1, Duration::from_millis((1 << 56) / 1_000_000)).is_ok());
+}
+
 /// Any rate the grammar accepts, with the extremes weighted in.
 fn extreme_rate() -> impl Strategy<Value = Rate> {
     let count = prop_oneof![Just(1u64), Just(u64::MAX), any::<u64>(), 1u64..1000];
     let period_ms = prop_oneof![
         Just(1u64),
         Just(86_400_000u64),
-        Just(((1u64 << 56) / 1_000_000) * 365),
+        // About 2.3 years: the longest period any burst fits.
+        Just((1u64 << 56) / 1_000_000),
+        // The longest period there is (2^63 - 1 ns), and just below it.
+        (LONGEST_MS - 1_000)..=LONGEST_MS,
         1u64..100_000,
         any::<u64>(),
     ];
@@ -76,10 +90,7 @@ proptest! {
                     fly: false,
                 },
                 Step::Settle(delta) => Op::Adjust { requests: delta, tokens: delta, output_tokens: 0 },
-                Step::Penalize(pause) => Op::Penalize {
-        pause,
-        spent: tollgate::Currencies::ALL,
-    },
+                Step::Penalize(pause) => Op::Penalize { pause, spent: tollgate::Currencies::ALL },
                 Step::Lower(remaining) => Op::Lower { currency: Currency::Tokens, remaining },
             };
             let outcome = store.apply_now(&key, op).unwrap();

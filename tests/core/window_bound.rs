@@ -5,7 +5,7 @@ use proptest::prelude::*;
 use std::time::Duration;
 
 use tollgate::{Cost, Limits, ManualClock, MemoryStore, Rate};
-use tollgate_testkit::stores::{Decision, snapshot_now, try_now};
+use tollgate_testkit::stores::{Decision, adjust_now, snapshot_now, try_now};
 
 /// An exact fraction with a positive denominator, kept in lowest terms: a model of the bucket
 /// that shares no arithmetic with the crate.
@@ -67,7 +67,7 @@ impl Model {
         let elapsed = Q::new((t_ms - self.last_ms) as i128, 1000);
         self.level.add(self.per_sec.mul(elapsed)).min(self.burst)
     }
-    fn level_at_ns(&self, t_ns: u64) -> Q {
+    fn level_at_ns(&self, t_ns: u128) -> Q {
         let elapsed = Q::new(
             t_ns as i128 - self.last_ms as i128 * 1_000_000,
             1_000_000_000,
@@ -81,14 +81,33 @@ impl Model {
         self.level = self.level_at(t_ms).sub(Q::int(cost as i128));
         self.last_ms = t_ms;
     }
+    /// A settlement of `delta` tokens at `t_ms`: a refund never above the burst, a charge
+    /// never below a debt of 64 bursts.
+    fn settle(&mut self, t_ms: u64, delta: i64) {
+        let floor = Q::int(-64).mul(self.burst);
+        let level = self.level_at(t_ms).add(Q::int(i128::from(delta)));
+        self.level = if level.ge(self.burst) {
+            self.burst
+        } else if floor.ge(level) {
+            floor
+        } else {
+            level
+        };
+        self.last_ms = t_ms;
+    }
     fn advance(&mut self, t_ms: u64) {
         self.level = self.level_at(t_ms);
         self.last_ms = t_ms;
     }
 }
 
+/// Rates from the small (1 per ms, burst 1) to the large (10^9 a day, a burst of 10^9), with
+/// periods that share no factor with the amount as often as round ones.
 fn rate_strategy() -> impl Strategy<Value = Rate> {
-    (1u64..=50, 1u64..=120_000, 1u64..=60).prop_map(|(amount, period_ms, burst)| {
+    let amount = prop_oneof![1u64..=50, 1u64..=1_000_000_000];
+    let period_ms = prop_oneof![1u64..=1_000, 1u64..=120_000, 1u64..=86_400_000];
+    let burst = prop_oneof![1u64..=60, 1u64..=1_000_000_000];
+    (amount, period_ms, burst).prop_map(|(amount, period_ms, burst)| {
         Rate::new(amount, Duration::from_millis(period_ms))
             .unwrap()
             .with_burst(burst)
@@ -96,40 +115,77 @@ fn rate_strategy() -> impl Strategy<Value = Rate> {
     })
 }
 
-/// Times in ms since the start (non-decreasing; repeats allowed) and raw costs.
-fn trace_strategy() -> impl Strategy<Value = Vec<(u64, u64, u64)>> {
-    prop::collection::vec((0u64..3_000, 1u64..=1_000, 1u64..=1_000), 1..120).prop_map(|steps| {
-        let mut t = 0;
-        steps
-            .into_iter()
-            .map(|(dt, a, b)| {
-                // Half the steps at the same instant, to press on the burst.
-                if a % 2 == 0 {
-                    t += dt;
-                }
-                (t, a, b)
-            })
-            .collect()
-    })
+/// One step of a trace: whether time moves first (its own draw, so that a cost's parity says
+/// nothing about it), how far, and what happens then.
+#[derive(Debug, Clone)]
+struct Step {
+    moves: bool,
+    dt_ms: u64,
+    what: What,
 }
 
-/// Over every interval [t_i, t_j] between admissions, admitted cost ≤ B + r·(t_j − t_i),
-/// with the sum taken afresh for each interval.
-fn assert_window_bound(rate: &Rate, admitted: &[(u64, u64)]) -> Result<(), TestCaseError> {
+#[derive(Debug, Clone)]
+enum What {
+    /// A call of these raw costs (reduced to each window's burst).
+    Take(u64, u64, u64),
+    /// A settlement: a refund (positive) or a further charge (negative), in tokens.
+    Settle(i64),
+}
+
+fn trace_strategy() -> impl Strategy<Value = Vec<Step>> {
+    let dt_ms = prop_oneof![0u64..3_000, 0u64..86_400_000];
+    let what = prop_oneof![
+        4 => (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(a, b, c)| What::Take(a, b, c)),
+        1 => prop_oneof![-1_000i64..=1_000, any::<i64>()].prop_map(What::Settle),
+    ];
+    prop::collection::vec(
+        (any::<bool>(), dt_ms, what).prop_map(|(moves, dt_ms, what)| Step { moves, dt_ms, what }),
+        1..120,
+    )
+}
+
+/// The times of a trace's steps, in ms from the start.
+fn times(trace: &[Step]) -> Vec<u64> {
+    let mut t = 0;
+    trace
+        .iter()
+        .map(|step| {
+            if step.moves {
+                t += step.dt_ms;
+            }
+            t
+        })
+        .collect()
+}
+
+/// What one event did to a window: when, how much it took (a refund takes a negative amount),
+/// and the level it left.
+#[derive(Debug, Clone, Copy)]
+struct Event {
+    t_ms: u64,
+    spent: Q,
+    left: Q,
+}
+
+/// Over every interval [t_i, t_j] between events, what the events took is at most
+/// B + r·(t_j − t_i), plus the debt the last of them left: the level at t_i is at most B, the
+/// refill adds r·(t_j − t_i), and what remains is the level after t_j. The sum is taken afresh
+/// for each interval.
+fn assert_window_bound(rate: &Rate, events: &[Event]) -> Result<(), TestCaseError> {
     let burst = Q::int(rate.burst() as i128);
     let per_ms = Q::new(rate.amount() as i128, rate.period().as_millis() as i128);
-    for i in 0..admitted.len() {
-        for j in i..admitted.len() {
-            let (ti, tj) = (admitted[i].0, admitted[j].0);
-            let sum: u64 = admitted
+    for i in 0..events.len() {
+        for j in i..events.len() {
+            let (ti, tj) = (events[i].t_ms, events[j].t_ms);
+            // Events at ti before i are left out: their instant's level was already lower.
+            let sum = events[i..=j]
                 .iter()
-                .filter(|(t, _)| *t >= ti && *t <= tj)
-                .map(|(_, c)| c)
-                .sum();
-            let bound = burst.add(per_ms.mul(Q::int((tj - ti) as i128)));
+                .fold(Q::int(0), |sum, e| sum.add(e.spent));
+            let debt = Q::int(0).min(events[j].left);
+            let bound = burst.add(per_ms.mul(Q::int((tj - ti) as i128))).sub(debt);
             prop_assert!(
-                bound.ge(Q::int(sum as i128)),
-                "rate {rate}: {sum} admitted in [{ti} ms, {tj} ms], bound {bound:?}"
+                bound.ge(sum),
+                "rate {rate}: {sum:?} taken in [{ti} ms, {tj} ms], bound {bound:?}"
             );
         }
     }
@@ -148,31 +204,42 @@ proptest! {
         let store = MemoryStore::with_clock(clock.clone());
         let limits = Limits::tokens_only(rate);
         let mut model = Model::new(&rate);
-        let mut admitted = Vec::new();
-        for (t_ms, raw, _) in trace {
-            let cost = 1 + raw % rate.burst();
+        let mut events = Vec::new();
+        for (step, t_ms) in trace.iter().zip(times(&trace)) {
             clock.set(Duration::from_millis(t_ms)).unwrap();
-            let decision = try_now(&store, "k", &limits, Cost::new(0, cost)).unwrap();
-            let expected = model.can_pay(t_ms, cost);
-            prop_assert_eq!(decision.is_admitted(), expected, "at {} ms, cost {}", t_ms, cost);
-            if expected {
-                model.pay(t_ms, cost);
-                admitted.push((t_ms, cost));
-            } else {
-                model.advance(t_ms);
-                // The hint is exact: the model holds the cost after it, and not a nanosecond
-                // before.
-                let Decision::NotYet(wait) = decision else { unreachable!() };
-                let ready = t_ms * 1_000_000 + wait.as_nanos() as u64;
-                let need = Q::int(cost as i128);
-                prop_assert!(model.level_at_ns(ready).ge(need), "hint {:?} too short", wait);
-                prop_assert!(!model.level_at_ns(ready - 1).ge(need), "hint {:?} too long", wait);
+            let before = model.level_at(t_ms);
+            match step.what {
+                What::Take(raw, _, _) => {
+                    let cost = 1 + raw % rate.burst();
+                    let decision = try_now(&store, "k", &limits, Cost::new(0, cost)).unwrap();
+                    let expected = model.can_pay(t_ms, cost);
+                    prop_assert_eq!(decision.is_admitted(), expected, "at {} ms, cost {}", t_ms, cost);
+                    if expected {
+                        model.pay(t_ms, cost);
+                    } else {
+                        model.advance(t_ms);
+                        // The hint is exact: the model holds the cost after it, and not a
+                        // nanosecond before.
+                        let Decision::NotYet(wait) = decision else { unreachable!() };
+                        let ready = u128::from(t_ms) * 1_000_000 + wait.as_nanos();
+                        let need = Q::int(cost as i128);
+                        // A wait beyond 2^64 ns saturates there, shorter than the truth.
+                        let saturated = wait.as_nanos() == u128::from(u64::MAX);
+                        prop_assert!(saturated || model.level_at_ns(ready).ge(need), "hint {:?} too short", wait);
+                        prop_assert!(!model.level_at_ns(ready - 1).ge(need), "hint {:?} too long", wait);
+                    }
+                }
+                What::Settle(delta) => {
+                    adjust_now(&store, "k", &limits, delta).unwrap();
+                    model.settle(t_ms, delta);
+                }
             }
+            events.push(Event { t_ms, spent: before.sub(model.level), left: model.level });
             let level = snapshot_now(&store, "k", &limits).unwrap()[0].tokens;
             let m = model.level_at(t_ms);
             prop_assert!(level.is(m.n, m.d as u64), "level {:?} vs model {:?}", level, m);
         }
-        assert_window_bound(&rate, &admitted)?;
+        assert_window_bound(&rate, &events)?;
     }
 
     #[test]
@@ -181,44 +248,56 @@ proptest! {
         tokens in rate_strategy(),
         output in rate_strategy(),
         trace in trace_strategy(),
-        salt in any::<u64>(),
     ) {
         let clock = ManualClock::new();
         let store = MemoryStore::with_clock(clock.clone());
         let limits = Limits::new(requests, tokens).with_output_tokens(output);
         let rates = [requests, tokens, output];
         let mut models = rates.map(|r| Model::new(&r));
-        let mut admitted: [Vec<(u64, u64)>; 3] = Default::default();
-        for (step, (t_ms, a, b)) in trace.into_iter().enumerate() {
-            let c = (salt >> (step % 60)) ^ a.wrapping_mul(b);
-            let amounts = [1 + a % requests.burst(), 1 + b % tokens.burst(), 1 + c % output.burst()];
-            let cost = Cost::new(amounts[0], amounts[1]).with_output_tokens(amounts[2]);
+        let mut events: [Vec<Event>; 3] = Default::default();
+        for (step, t_ms) in trace.iter().zip(times(&trace)) {
             clock.set(Duration::from_millis(t_ms)).unwrap();
-            let decision = try_now(&store, "k", &limits, cost).unwrap();
-            let expected = (0..3).all(|i| models[i].can_pay(t_ms, amounts[i]));
-            prop_assert_eq!(decision.is_admitted(), expected);
-            for i in 0..3 {
-                if expected {
-                    models[i].pay(t_ms, amounts[i]);
-                    admitted[i].push((t_ms, amounts[i]));
-                } else {
-                    models[i].advance(t_ms);
+            let before = models.each_ref().map(|m| m.level_at(t_ms));
+            match step.what {
+                What::Take(a, b, c) => {
+                    let amounts = [1 + a % requests.burst(), 1 + b % tokens.burst(), 1 + c % output.burst()];
+                    let cost = Cost::new(amounts[0], amounts[1]).with_output_tokens(amounts[2]);
+                    let decision = try_now(&store, "k", &limits, cost).unwrap();
+                    let expected = (0..3).all(|i| models[i].can_pay(t_ms, amounts[i]));
+                    prop_assert_eq!(decision.is_admitted(), expected);
+                    for i in 0..3 {
+                        if expected {
+                            models[i].pay(t_ms, amounts[i]);
+                        } else {
+                            models[i].advance(t_ms);
+                        }
+                    }
+                    if let Decision::NotYet(wait) = decision {
+                        // The hint is the longest of the windows' exact waits.
+                        let ready = u128::from(t_ms) * 1_000_000 + wait.as_nanos();
+                        // A wait beyond 2^64 ns saturates there, shorter than the truth.
+                        let saturated = wait.as_nanos() == u128::from(u64::MAX);
+                        prop_assert!(saturated || (0..3).all(|i| models[i].level_at_ns(ready).ge(Q::int(amounts[i] as i128))));
+                        prop_assert!((0..3).any(|i| !models[i].level_at_ns(ready - 1).ge(Q::int(amounts[i] as i128))));
+                    }
                 }
-            }
-            if let Decision::NotYet(wait) = decision {
-                // The hint is the longest of the windows' exact waits.
-                let ready = t_ms * 1_000_000 + wait.as_nanos() as u64;
-                prop_assert!((0..3).all(|i| models[i].level_at_ns(ready).ge(Q::int(amounts[i] as i128))));
-                prop_assert!((0..3).any(|i| !models[i].level_at_ns(ready - 1).ge(Q::int(amounts[i] as i128))));
+                What::Settle(delta) => {
+                    // A settlement moves the token windows alone.
+                    adjust_now(&store, "k", &limits, delta).unwrap();
+                    models[0].advance(t_ms);
+                    models[1].settle(t_ms, delta);
+                    models[2].advance(t_ms);
+                }
             }
             let levels = snapshot_now(&store, "k", &limits).unwrap();
             for i in 0..3 {
+                events[i].push(Event { t_ms, spent: before[i].sub(models[i].level), left: models[i].level });
                 let m = models[i].level_at(t_ms);
                 prop_assert!(levels[i].tokens.is(m.n, m.d as u64), "window {}: {:?} vs {:?}", i, levels[i].tokens, m);
             }
         }
         for i in 0..3 {
-            assert_window_bound(&rates[i], &admitted[i])?;
+            assert_window_bound(&rates[i], &events[i])?;
         }
     }
 }
