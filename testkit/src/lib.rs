@@ -38,7 +38,7 @@ pub mod provider;
 pub mod redis;
 pub mod stores;
 
-pub use captured::Captured;
+pub use captured::{Captured, Capturing};
 
 use std::future::Future;
 use std::pin::pin;

@@ -183,22 +183,33 @@ pub fn billed_tokens(body: &Value) -> u64 {
     chat_prompt(body) + reserved(body)
 }
 
-/// The prompt of an OpenAI chat body, as `num_tokens_from_messages` counts it.
+/// The prompt of an OpenAI chat body, as `num_tokens_from_messages` counts it. A top-level
+/// `system` string (Anthropic's form) counts as a first message of role `system`.
 pub fn chat_prompt(body: &Value) -> u64 {
-    let messages: Vec<tiktoken_rs::ChatCompletionRequestMessage> = body["messages"]
+    let system = body["system"]
+        .as_str()
+        .map(|text| tiktoken_rs::ChatCompletionRequestMessage {
+            role: "system".to_owned(),
+            content: Some(text.to_owned()),
+            ..Default::default()
+        });
+    let listed = body["messages"]
         .as_array()
-        .map(|messages| {
-            messages
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    let messages: Vec<tiktoken_rs::ChatCompletionRequestMessage> = system
+        .into_iter()
+        .chain(
+            listed
                 .iter()
                 .map(|m| tiktoken_rs::ChatCompletionRequestMessage {
                     role: m["role"].as_str().unwrap_or("user").to_owned(),
                     content: m["content"].as_str().map(str::to_owned),
                     name: m["name"].as_str().map(str::to_owned),
                     ..Default::default()
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+                }),
+        )
+        .collect();
     tiktoken_rs::num_tokens_from_messages("gpt-4o", &messages).unwrap_or(0) as u64
 }
 

@@ -325,7 +325,7 @@ fn the_loop_shows_in_metrics_and_one_warning() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let captured = tollgate_testkit::Captured::default();
-    let _logging = tracing::subscriber::set_default(captured.clone());
+    let _logging = captured.capture();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)

@@ -83,7 +83,8 @@ fn no_call_outlives_its_deadline_when_the_server_stops() {
         let store = RedisStore::connect_with(&server.url(), config)
             .await
             .unwrap();
-        let limiter = Limiter::new("deadline", Limits::parse("10/s", "").unwrap(), store).unwrap();
+        // A window that refills one token in six minutes, so that a call that took one shows.
+        let limiter = Limiter::new("deadline", Limits::parse("10/h", "").unwrap(), store).unwrap();
         limiter.acquire(Cost::call(0)).await.unwrap();
         server.pause();
         let deadline = Duration::from_millis(100);
@@ -92,17 +93,15 @@ fn no_call_outlives_its_deadline_when_the_server_stops() {
         let took = start.elapsed();
         println!("acquire with a 100 ms deadline, server stopped: returned after {took:?}");
         assert!(matches!(result, Err(Error::Timeout { .. })), "{result:?}");
-        // The store's own timeout is 5 s; the call's deadline cuts it.
-        assert!(
-            took < deadline + Duration::from_millis(200),
-            "took {took:?}"
-        );
+        // The store's own timeout is 5 s; the call's deadline cuts it, within milliseconds
+        // (25 allowed for a loaded machine's scheduling).
+        assert!(took < deadline + Duration::from_millis(25), "took {took:?}");
         server.resume();
         // And nothing was taken by the call that was cut: the server, back, still has 9.
         tokio::time::sleep(Duration::from_millis(50)).await;
         let left = limiter.snapshot().await.unwrap().windows()[0]
             .tokens
             .whole();
-        assert!(left >= 9, "{left} left");
+        assert_eq!(left, 9, "the call that was cut took something");
     });
 }

@@ -60,6 +60,25 @@ fn repeated_huge_underestimates_leave_the_server_responsive_and_stop_at_the_debt
     });
 }
 
+/// Whether `outcome` is one an operation like `op` can get.
+fn answers(op: &Op, outcome: &tollgate::store::Outcome) -> bool {
+    use tollgate::store::Outcome as O;
+    match op {
+        Op::Adjust { .. } | Op::Cancel { .. } => matches!(outcome, O::Done),
+        Op::Penalize { .. } => matches!(outcome, O::Emptied(_)),
+        // A wait of zero never queues; any other may.
+        Op::Acquire {
+            max_wait: Some(Duration::ZERO),
+            ..
+        } => matches!(outcome, O::Admitted | O::NotYet(_)),
+        Op::Acquire { .. } => matches!(outcome, O::Admitted | O::Queued { .. } | O::NotYet(_)),
+        Op::Lower { .. } => matches!(outcome, O::Lowered(_)),
+        // A ticket nobody was given.
+        Op::Admit { .. } => matches!(outcome, O::Lost),
+        _ => false,
+    }
+}
+
 /// A small deterministic generator, so that a failing sequence can be replayed.
 #[test]
 fn random_and_extreme_operations_always_answer_quickly() {
@@ -84,8 +103,16 @@ fn random_and_extreme_operations_always_answer_quickly() {
             Limits::parse("1/d burst 800000", "7/s burst 20").unwrap(),
             Limits::parse("", "1000000000/m").unwrap(),
         ];
+        let (mut answered, mut conflicts, mut refused, mut too_large) = (0, 0, 0, 0);
         for step in 0..3_000u64 {
-            let limits = &limit_sets[(rng.next_u64() % 3) as usize];
+            // Each key has its limits, but one call in ten comes with another key's.
+            let key_number = rng.next_u64() % 3;
+            let set = if rng.next_u64().is_multiple_of(10) {
+                rng.next_u64() % 3
+            } else {
+                key_number
+            };
+            let limits = &limit_sets[set as usize];
             let pick = |r: &mut Lcg| extremes[(r.next_u64() % extremes.len() as u64) as usize];
             let op = match rng.next_u64() % 6 {
                 0 => Op::Adjust {
@@ -117,14 +144,33 @@ fn random_and_extreme_operations_always_answer_quickly() {
             };
             let now =
                 [None, Some(step * 37), Some(u64::MAX / 4), Some(0)][(rng.next_u64() % 4) as usize];
-            let key = format!("random-{}", rng.next_u64() % 4);
-            // Any answer will do, but an answer it must be, and the server must stay free.
-            let _ = at(&store, &key, limits, op, now).await;
-            if step % 50 == 0 {
-                assert!(responsive(&server), "BUSY at step {step}");
+            let key = format!("random-{key_number}");
+            // An answer of the operation's own kind, or the refusal of a key held with other
+            // limits; and the server stays free for everyone else after every step.
+            match at(&store, &key, limits, op, now).await {
+                Ok((outcome, _)) => {
+                    assert!(
+                        answers(&op, &outcome),
+                        "step {step}: {op:?} answered {outcome:?}"
+                    );
+                    answered += 1;
+                }
+                Err(Error::ConflictingLimits { .. }) => conflicts += 1,
+                // 7/s burst 20 can't ever pay for up to 29 tokens: answered at once.
+                Err(Error::CostExceedsCapacity { .. }) => too_large += 1,
+                // A time beyond what Lua's doubles hold exactly is refused, never computed.
+                Err(e) if now == Some(u64::MAX / 4) && e.to_string().contains("bad time") => {
+                    refused += 1
+                }
+                Err(e) => panic!("step {step}: {op:?} at {now:?} failed: {e}"),
             }
+            assert!(responsive(&server), "BUSY at step {step}");
         }
-        assert!(responsive(&server));
+        // Every kind of answer was seen, so no check above was idle.
+        assert!(
+            answered > 2_000 && conflicts > 50 && refused > 100 && too_large > 10,
+            "{answered} answers, {conflicts} conflicts, {refused} refusals, {too_large} too large"
+        );
     });
 }
 
@@ -393,7 +439,7 @@ fn passwords_in_every_url_form_are_never_shown() {
         format!("redis://:first@{secret}?last@127.0.0.1:{port}/0"),
     ];
     let captured = tollgate_testkit::Captured::default();
-    let _guard = tracing::subscriber::set_default(captured.clone());
+    let _guard = captured.capture();
     runtime().block_on(async {
         let config = RedisConfig::default()
             .with_timeout(Duration::from_millis(300))

@@ -391,7 +391,9 @@ fn fail_open_admits_with_a_warning_when_redis_is_down() {
     let Some(mut server) = RedisServer::start() else {
         return;
     };
-    runtime().block_on(async {
+    let captured = tollgate_testkit::Captured::default();
+    let _logging = captured.capture();
+    tollgate_testkit::local_runtime().block_on(async {
         let config = RedisConfig::default()
             .with_timeout(Duration::from_millis(200))
             .with_fail_open(true);
@@ -399,28 +401,35 @@ fn fail_open_admits_with_a_warning_when_redis_is_down() {
             .await
             .unwrap();
         let limits = Limits::parse("1/m", "").unwrap();
-        assert!(
+        let decide = || async {
             try_at(&store, "k", &limits, Cost::call(0), None)
                 .await
                 .map(|(d, _)| d)
                 .unwrap()
-                .is_admitted()
+        };
+        assert!(decide().await.is_admitted());
+        // Up, the limit holds even in fail-open mode, and nothing is said.
+        assert!(!decide().await.is_admitted());
+        assert_eq!(captured.count("fail_open"), 0, "{}", captured.text());
+        // Stopped (it takes the connection but never answers): admitted after the timeout,
+        // with a warning.
+        server.pause();
+        assert!(decide().await.is_admitted());
+        assert_eq!(
+            captured.count("admitting because fail_open is set"),
+            1,
+            "{}",
+            captured.text()
         );
-        // Up, the limit holds even in fail-open mode.
-        assert!(
-            !try_at(&store, "k", &limits, Cost::call(0), None)
-                .await
-                .map(|(d, _)| d)
-                .unwrap()
-                .is_admitted()
-        );
+        server.resume();
+        // Killed: admitted, with a warning again.
         server.kill();
-        assert!(
-            try_at(&store, "k", &limits, Cost::call(0), None)
-                .await
-                .map(|(d, _)| d)
-                .unwrap()
-                .is_admitted()
+        assert!(decide().await.is_admitted());
+        assert_eq!(
+            captured.count("admitting because fail_open is set"),
+            2,
+            "{}",
+            captured.text()
         );
     });
 }
