@@ -15,6 +15,7 @@ fn problems(text: &str) -> Vec<String> {
 }
 
 #[test]
+#[cfg(feature = "tiktoken")]
 fn an_unknown_estimator_is_refused_at_load() {
     assert_eq!(
         problems("[keys.a]\ntokens = \"100/m\"\nestimator = \"nonsense\""),
@@ -192,4 +193,16 @@ fn output_tokens_and_their_burst_are_read_like_the_other_currencies() {
             "keys.a.output_tokens: rate `5/q`: unknown unit `q`; expected s, m, h or d (or ms), optionally with a count like `5m`"
         ]
     );
+}
+
+/// Without the `tiktoken` feature, a name that needs it is refused when the file is read, and
+/// says which feature to turn on.
+#[test]
+#[cfg(not(feature = "tiktoken"))]
+fn an_estimator_whose_feature_is_off_is_refused_at_load() {
+    let found = problems("[keys.a]\ntokens = \"100/m\"\nestimator = \"openai\"");
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].contains("`tiktoken`"), "{found:?}");
+    // `words` needs nothing.
+    assert!(Config::from_toml("[keys.a]\ntokens = \"100/m\"\nestimator = \"words\"").is_ok());
 }

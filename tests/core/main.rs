@@ -2,6 +2,8 @@
 //! One binary for all of it (each file a module): a test binary links the whole tree.
 
 mod config;
+// Its prompts are counted with the OpenAI vocabulary.
+#[cfg(feature = "tiktoken")]
 mod counting_off_worker;
 mod dual_bucket;
 mod extremes;
