@@ -73,7 +73,8 @@ fn lower(name: Cow<'static, str>) -> Cow<'static, str> {
 
 /// A provider: its headers, its usage fields, where reserved output goes, and its final 429s.
 ///
-/// Start from one of the five presets and change what differs:
+/// Start from one of the presets (OpenAI, Azure OpenAI, Anthropic, Voyage, Gemini, Groq, Mistral,
+/// generic) and change what differs:
 ///
 /// ```
 /// use tollgate::Currency;
@@ -212,6 +213,70 @@ impl Profile {
         }
     }
 
+    /// Google Gemini through its OpenAI-compatible endpoint (`.../v1beta/openai`): OpenAI's
+    /// bodies and usage fields, but no rate-limit headers at all, so nothing to sync; its limits
+    /// are per model (requests and input tokens per minute, requests per day). A 429 is
+    /// `RESOURCE_EXHAUSTED`, and says how long to wait only in its JSON body
+    /// (`RetryInfo.retryDelay`, read by [`retry_info_delay`](crate::headers::retry_info_delay));
+    /// reserved output goes to the output-token windows, if the key has any, since its token
+    /// limit counts input.
+    ///
+    /// ```
+    /// use tollgate::http::Profile;
+    ///
+    /// let gemini = Profile::gemini();
+    /// assert_eq!(gemini.name(), "gemini");
+    /// ```
+    pub fn gemini() -> Profile {
+        Profile {
+            name: Cow::Borrowed("gemini"),
+            headers: Vec::new(),
+            output: OutputTo::OutputTokens,
+            permanent_codes: Vec::new(),
+            ..Profile::openai()
+        }
+    }
+
+    /// Groq's OpenAI-compatible API: OpenAI's header names, with resets written like `7.66s`
+    /// or `2m59.56s`. Its `x-ratelimit-*-requests` headers count requests per *day* and its
+    /// token headers tokens per minute, so give a key both windows (`30/m; 14400/d`) rather
+    /// than learning them from the headers, which reads every limit per minute.
+    pub fn groq() -> Profile {
+        Profile {
+            name: Cow::Borrowed("groq"),
+            permanent_codes: Vec::new(),
+            ..Profile::openai()
+        }
+    }
+
+    /// Mistral: OpenAI's bodies and usage, its own header names for the minute windows
+    /// (`x-ratelimit-{limit,remaining}-req-minute`, `x-ratelimit-{limit,remaining}-tokens-minute`,
+    /// and a reset in seconds from `x-ratelimit-reset-{req,tokens}-minute` where one is sent).
+    /// The monthly token headers are not read: give a key its `.../30d` window in its limits.
+    pub fn mistral() -> Profile {
+        let headers = [
+            (Currency::Requests, "req"),
+            (Currency::Tokens, "tokens"),
+        ]
+        .into_iter()
+        .map(|(currency, word)| {
+            HeaderNames::new(
+                currency,
+                format!("x-ratelimit-limit-{word}-minute"),
+                format!("x-ratelimit-remaining-{word}-minute"),
+                format!("x-ratelimit-reset-{word}-minute"),
+            )
+        })
+        .collect();
+        Profile {
+            name: Cow::Borrowed("mistral"),
+            headers,
+            reset: ResetForm::Seconds,
+            permanent_codes: Vec::new(),
+            ..Profile::openai()
+        }
+    }
+
     /// Any other service: OpenAI's usage fields and headers until told otherwise, named `name`.
     pub fn generic(name: impl Into<Cow<'static, str>>) -> Profile {
         Profile {
@@ -281,5 +346,87 @@ impl Profile {
     pub fn permanent_without_retry_after(mut self, permanent: bool) -> Profile {
         self.permanent_without_retry_after = permanent;
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use http::HeaderMap;
+
+    use super::*;
+    use crate::headers::rate_headers;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(*name, value.parse().unwrap());
+        }
+        map
+    }
+
+    #[test]
+    fn groq_resets_with_fractions_and_minutes_are_read() {
+        let read = rate_headers(
+            &Profile::groq(),
+            &headers(&[
+                ("x-ratelimit-limit-requests", "14400"),
+                ("x-ratelimit-remaining-requests", "14370"),
+                ("x-ratelimit-reset-requests", "2m59.56s"),
+                ("x-ratelimit-limit-tokens", "18000"),
+                ("x-ratelimit-remaining-tokens", "17997"),
+                ("x-ratelimit-reset-tokens", "7.66s"),
+            ]),
+            SystemTime::now(),
+        );
+        assert_eq!(read.len(), 2);
+        assert_eq!(read[0].currency, Currency::Requests);
+        assert_eq!(read[0].remaining, Some(14_370));
+        assert_eq!(read[0].reset, Some(Duration::from_millis(179_560)));
+        assert_eq!(read[1].currency, Currency::Tokens);
+        assert_eq!(read[1].limit, Some(18_000));
+        assert_eq!(read[1].reset, Some(Duration::from_millis(7_660)));
+        assert!(Profile::groq().permanent_codes.is_empty());
+    }
+
+    #[test]
+    fn mistral_minute_headers_are_read_and_monthly_ones_are_not() {
+        let read = rate_headers(
+            &Profile::mistral(),
+            &headers(&[
+                ("x-ratelimit-limit-tokens-minute", "5000000"),
+                ("x-ratelimit-remaining-tokens-minute", "4999911"),
+                ("x-ratelimit-limit-tokens-month", "100000000"),
+                ("x-ratelimit-remaining-tokens-month", "12"),
+                ("x-ratelimit-limit-req-minute", "720"),
+                ("x-ratelimit-remaining-req-minute", "717"),
+                // OpenAI's names mean nothing on Mistral.
+                ("x-ratelimit-remaining-tokens", "1"),
+            ]),
+            SystemTime::now(),
+        );
+        assert_eq!(read.len(), 2);
+        assert_eq!(
+            (read[0].currency, read[0].limit, read[0].remaining),
+            (Currency::Requests, Some(720), Some(717))
+        );
+        assert_eq!(
+            (read[1].currency, read[1].limit, read[1].remaining),
+            (Currency::Tokens, Some(5_000_000), Some(4_999_911))
+        );
+    }
+
+    #[test]
+    fn gemini_has_no_headers_and_charges_output_apart() {
+        let gemini = Profile::gemini();
+        let read = rate_headers(
+            &gemini,
+            &headers(&[("x-ratelimit-remaining-tokens", "0")]),
+            SystemTime::now(),
+        );
+        assert!(read.is_empty());
+        assert_eq!(gemini.output, OutputTo::OutputTokens);
+        assert!(!gemini.permanent_without_retry_after);
     }
 }
