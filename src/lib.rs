@@ -118,21 +118,10 @@
 //!
 //! # Features
 //!
-//! | feature | enables | default |
-//! |---|---|---|
-//! | `tiktoken` | OpenAI vocabularies for the `openai`, `openai:<model>` and `tiktoken:<encoding>` estimators | yes |
-//! | `voyage` | the Voyage vocabulary for `voyageai` | yes |
-//! | `huggingface` | any `tokenizer.json` for `hf:<path>` | no |
-//! | `redis` | `store::redis::RedisStore`, shared by every process | no |
-//! | `redis-tls` | `rediss://` URLs through rustls | no |
-//! | `http` | `tollgate::http`: a gate in front of a provider's HTTP API (header sync, usage settlement, final vs transient 429s) | no |
-//! | `tower` | a `tower::Layer` for any `Service<http::Request<B>>` | no |
-//! | `async-openai` | a layer for async-openai's `middleware` feature | no |
-//! | `reqwest-middleware` | a `reqwest-middleware` `Middleware` | no |
-//!
 //! With `default-features = false` the core builds with tokio, serde, rand and tracing only,
 //! and estimates with `words`.
-
+//!
+#![doc = document_features::document_features!()]
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

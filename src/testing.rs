@@ -11,7 +11,7 @@
 //!   reference a differential test compares the script with.
 //!
 //! A [`MemoryStore`](crate::MemoryStore) on a [`ManualClock`](crate::ManualClock) needs none
-//! of this: it moves only when told to, and [`Store::apply_now`](crate::Store::apply_now) runs
+//! of this: it moves only when told to, and [`Store::apply_now`] runs
 //! one operation on it at once, without a runtime.
 //!
 //! Nothing here is needed to use tollgate; it may change more freely than the rest.

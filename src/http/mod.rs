@@ -13,37 +13,68 @@
 //! 1. **Before**: the key (by default the profile's name and the body's `model`, or a function
 //!    of the request's head and body) and the cost: 1 request, the input tokens of the body's
 //!    messages, input, tools and images as the estimators read them, and the output it reserves
-//!    (`max_tokens` × `n`) where the [`Profile`] charges it. Then it waits for the toll. With
-//!    sync on, a key's first call goes alone, and the others wait (up to
-//!    [`GateBuilder::first_answer_wait`], 1 s) for its answer, so that they are admitted
+//!    (`max_tokens` × `n`) where the [`Profile`] charges it. Then it waits for the toll. The
+//!    admission is remembered in the store as a call *in flight*, with what the key's windows
+//!    held when it went out. With sync on, a key's first call goes alone, and the others wait
+//!    (up to [`GateBuilder::first_answer_wait`], 1 s) for its answer, so that they are admitted
 //!    against what the provider says is left rather than a full bucket.
-//! 2. **After the head**: the `remaining` headers lower the key's windows, never raise them
-//!    (calls in flight are charged here and not yet counted there); a call's own count and the
-//!    calls admitted after it, still in flight, are taken out of `remaining` first, so that none
-//!    is lost. Spending the gate can't see (another program on the same quota) is modelled
-//!    from what each sync finds missing and charged between syncs, and while it is seen the
-//!    windows are kept 4% of their capacity below the provider's count (see
-//!    [`GateBuilder::model_foreign_spending`]). `limit` headers that disagree with the
-//!    configured limits get one warning. A 429
-//!    is [`Verdict::Permanent`] (OpenAI's `insufficient_quota`, Anthropic's spend limit, which
-//!    has no `retry-after`) or [`Verdict::Transient`], which pauses the key for the provider's
-//!    pause.
-//! 3. **After the body**: the permit is settled with the usage the body (or the stream's last
-//!    events) reported. A call the provider had already counted when its windows were brought
-//!    in line (by a header sync or a 429) is refunded an overestimate but not charged its
-//!    shortfall: that is in the provider's count already.
+//! 2. **After the head**: a *sync*, one store operation. The provider's `remaining` was counted
+//!    when the call arrived there; the gate compares it with what the windows held when the
+//!    call went out, less what was already corrected since. Refill since then, calls sent
+//!    after it (by any process), refunds, and the order answers come back in all cancel out,
+//!    so what is left is spending the gate did not see, and that much is taken off every
+//!    window of the currency. Calls sent within 250 ms of it on either side may reach the
+//!    provider in either order; what is taken off leaves them out (the least the provider can
+//!    have seen spent elsewhere), so an honest provider is never double counted.
+//!    `remaining` never raises a window. A 429 is [`Verdict::Permanent`] (OpenAI's
+//!    `insufficient_quota`, Anthropic's spend limit, which has no `retry-after`) or
+//!    [`Verdict::Transient`], which pauses the key for the provider's pause and empties the
+//!    currencies the 429 says are spent (all, when it doesn't say); the refused call's own
+//!    charge comes back in its sync (the provider counted nothing of it).
+//! 3. **After the body**: the permit settles with the usage the body (or the stream's events)
+//!    reported: an overestimate is refunded, a shortfall charged. A shortfall the provider had
+//!    already counted when a sync or a 429 took it off is drawn from that correction, never
+//!    charged twice, and only up to what the correction held.
+//!
+//! # The bound
+//!
+//! Whatever the provider's headers say (missing, late, lying high or low, unreadable), the
+//! tokens a key lets through in any interval `[t, t + dt]` are at most `B + r·dt` of its
+//! configured windows, plus the shortfalls its own settlements charged (debt, bounded at 64
+//! bursts): headers only ever lower a window, and a settlement charges what the provider
+//! billed. So a budget set below the provider's limit holds however the provider answers
+//! (`tests/http/bound.rs` drives an adversarial provider through 10,000 random runs).
+//!
+//! # Spending elsewhere
+//!
+//! Each sync also tells how much had been spent elsewhere, in all, by the time its call went
+//! out. [`GateBuilder::model_foreign_spending`] (on by default) fits a rate to those totals
+//! (the median slope over the last 5 s) and charges the key at that rate between syncs, so
+//! that a call waiting for its turn waits as long as the provider would make it; each sync
+//! takes off only what the model missed, and gives back what it charged too much. While such
+//! spending is seen, the windows are kept 4% of their capacity below the provider's count.
+//!
+//! # Across processes
+//!
+//! On a Redis store everything above is shared: the windows, the calls in flight (a sync in
+//! one process subtracts the calls every process sent after its call), what was corrected,
+//! and the totals of spending elsewhere. Each process fits its own model to the same shared
+//! totals, and what one charges the others count as corrected. A fleet behind one key holds
+//! one quota.
 //!
 //! # Limits from the headers
 //!
 //! [`GateBuilder::limits_from_headers`] lets each key take its limits from its first response
 //! (read per minute, as OpenAI and Anthropic state them); until then its calls go one at a time.
+//! A `limit` header that disagrees with configured limits gets one warning.
 //!
-//! # Across processes
+//! # Adapters
 //!
-//! Lowering works on any store, so on Redis every process sees the correction. The calls in
-//! flight that a sync leaves out of `remaining` are this process's only: calls in flight in
-//! other processes are not subtracted, so each process may let through what its neighbours have
-//! in flight until their own responses correct it.
+//! Every attempt a client sends must pass through the gate, so the adapter goes between the
+//! client's retry logic and the network, or replaces it: `tower::GateLayer` for any
+//! `Service<http::Request<B>>` (hyper-util's client), `async_openai::GateLayer` inside
+//! async-openai's own retry layer, and `reqwest_middleware::GateMiddleware` after any retry
+//! middleware. Each module shows its client wired up.
 
 mod body;
 mod call;

@@ -1,17 +1,17 @@
-//! The README's accuracy table: tollgate's estimate of six realistic request bodies (and one
+//! The accuracy table of BENCHMARKS.md: tollgate's estimate of six realistic request bodies (and one
 //! that shows where it errs high) against a reference count made here without tollgate's
 //! code: tiktoken-rs's `num_tokens_from_messages`, the OpenAI cookbook's `num_tokens_for_tools`
 //! written out again below, the image rules computed by hand, and bare tiktoken encodings.
 //!
 //! The test fails when an estimate falls below its reference, when an OpenAI shape is not
-//! exact, or when the table in the README differs from what this run computes (the failure
+//! exact, or when the table in BENCHMARKS.md differs from what this run computes (the failure
 //! prints the table to paste).
 
 use serde_json::{Value, json};
 use tiktoken_rs::{ChatCompletionRequestMessage, CoreBPE, num_tokens_from_messages};
 use tollgate_estimators::{Estimator, estimate, estimator};
 
-const START: &str = "<!-- accuracy table: estimators/tests/accuracy.rs -->";
+const START: &str = "<!-- accuracy table: estimators/tests/estimators/accuracy.rs -->";
 const END: &str = "<!-- end of accuracy table -->";
 
 fn o200k() -> CoreBPE {
@@ -386,25 +386,29 @@ fn estimates_never_fall_below_the_reference_and_openai_shapes_are_exact() {
 }
 
 #[test]
-fn the_readme_shows_the_table_this_test_computes() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md");
-    let Ok(readme) = std::fs::read_to_string(path) else {
-        // Built from the published package, where the workspace README is not beside it.
+fn the_benchmarks_page_shows_the_table_this_test_computes() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../BENCHMARKS.md");
+    let Ok(page) = std::fs::read_to_string(path) else {
+        // Built from the published package, where the workspace's pages are not beside it.
+        assert!(
+            std::env::var_os("TOLLGATE_REQUIRE_FIXTURES").is_none(),
+            "{path} not found (TOLLGATE_REQUIRE_FIXTURES is set, so this fails instead of skipping)"
+        );
         eprintln!("SKIPPED: {path} not found");
         return;
     };
     let computed = table(&rows());
-    let start = readme
+    let start = page
         .find(START)
-        .expect("the README has the table's start marker")
+        .expect("BENCHMARKS.md has the table's start marker")
         + START.len();
-    let end = readme
+    let end = page
         .find(END)
-        .expect("the README has the table's end marker");
-    let shown = readme[start..end].trim();
+        .expect("BENCHMARKS.md has the table's end marker");
+    let shown = page[start..end].trim();
     assert_eq!(
         shown,
         computed.trim(),
-        "the README's accuracy table is out of date; paste this between its markers:\n{computed}"
+        "the accuracy table in BENCHMARKS.md is out of date; paste this between its markers:\n{computed}"
     );
 }

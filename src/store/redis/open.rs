@@ -29,7 +29,7 @@ impl RedisStore {
     /// [`connect_cluster_with`](RedisStore::connect_cluster_with) with `redis://` URLs. A
     /// `redis+sentinel://host:port[,host:port...]/<master>` address names the master a set of
     /// sentinels watches, and follows it through failovers (see the
-    /// [module docs](self#redis-sentinel)).
+    /// [module docs](super#redis-sentinel)).
     pub async fn connect_with(url: &str, config: RedisConfig) -> Result<RedisStore, Error> {
         if let Some(nodes) = connection::cluster_nodes(url) {
             return RedisStore::connect_cluster_with(&nodes, config).await;
@@ -43,7 +43,7 @@ impl RedisStore {
     /// `redis://10.0.0.1:7000`), with the default [`RedisConfig`].
     ///
     /// Each key's state lives in one slot (its hash and queue share a hash tag), and different
-    /// keys spread over the slots. See the [module docs](self#redis-cluster) for what a
+    /// keys spread over the slots. See the [module docs](super#redis-cluster) for what a
     /// failover means for the limits.
     pub async fn connect_cluster<U: AsRef<str>>(nodes: &[U]) -> Result<RedisStore, Error> {
         RedisStore::connect_cluster_with(nodes, RedisConfig::default()).await
