@@ -56,7 +56,10 @@ mod tests {
 
     #[test]
     fn gemini_retry_delays_are_read_from_the_body() {
-        assert_eq!(retry_info_delay(&body("37s")), Some(Duration::from_secs(37)));
+        assert_eq!(
+            retry_info_delay(&body("37s")),
+            Some(Duration::from_secs(37))
+        );
         assert_eq!(
             retry_info_delay(&body("1.500s")),
             Some(Duration::from_millis(1_500))

@@ -254,20 +254,17 @@ impl Profile {
     /// and a reset in seconds from `x-ratelimit-reset-{req,tokens}-minute` where one is sent).
     /// The monthly token headers are not read: give a key its `.../30d` window in its limits.
     pub fn mistral() -> Profile {
-        let headers = [
-            (Currency::Requests, "req"),
-            (Currency::Tokens, "tokens"),
-        ]
-        .into_iter()
-        .map(|(currency, word)| {
-            HeaderNames::new(
-                currency,
-                format!("x-ratelimit-limit-{word}-minute"),
-                format!("x-ratelimit-remaining-{word}-minute"),
-                format!("x-ratelimit-reset-{word}-minute"),
-            )
-        })
-        .collect();
+        let headers = [(Currency::Requests, "req"), (Currency::Tokens, "tokens")]
+            .into_iter()
+            .map(|(currency, word)| {
+                HeaderNames::new(
+                    currency,
+                    format!("x-ratelimit-limit-{word}-minute"),
+                    format!("x-ratelimit-remaining-{word}-minute"),
+                    format!("x-ratelimit-reset-{word}-minute"),
+                )
+            })
+            .collect();
         Profile {
             name: Cow::Borrowed("mistral"),
             headers,
