@@ -1,0 +1,598 @@
+//! What the proxy serves: its address, its store, its upstreams with their profiles and
+//! limits, its tenants. Read from a TOML file (`--config proxy.toml`) or made from flags.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::Deserialize;
+use tollgate::http::Profile;
+use tollgate::{Limits, Rates};
+
+/// A configuration that can't be used, with every problem found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError(pub Vec<String>);
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "configuration: {}", self.0.join("; "))
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The whole configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where the proxy listens (default `127.0.0.1:8787`).
+    pub listen: SocketAddr,
+    /// A Redis URL: every proxy on it shares every key (default: in memory, this process).
+    pub redis: Option<String>,
+    /// The largest request body accepted; larger ones get 413 before anything is charged
+    /// (default 32 MiB).
+    pub max_body: usize,
+    /// How long calls in flight may run on after SIGTERM (default 30 s).
+    pub drain: Duration,
+    /// Paths no upstream meters: passed through unmetered, or refused with 404.
+    pub other_paths: OtherPaths,
+    /// Where tenants come from, and their windows.
+    pub tenants: Tenants,
+    /// The upstreams, in the order they are tried for a path.
+    pub upstreams: Vec<Upstream>,
+}
+
+/// What happens to a path that no upstream meters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OtherPaths {
+    /// Sent on to the first upstream whose mount matches, unmetered.
+    Pass,
+    /// Answered 404 in the provider's shape.
+    Refuse,
+}
+
+/// How a call's tenant is found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TenantFrom {
+    /// Every call is one tenant's: no tenant windows.
+    None,
+    /// The API key the client sent (`Authorization: Bearer`, `x-api-key`, `api-key`),
+    /// hashed: the key itself is never logged, shown in metrics, or kept.
+    Key,
+    /// A request header's value (a name like `team-a`; anything else is hashed).
+    Header(http::HeaderName),
+}
+
+/// Tenants inside the organization's quota.
+#[derive(Debug, Clone)]
+pub struct Tenants {
+    /// How a call's tenant is found.
+    pub from: TenantFrom,
+    /// Each tenant's own windows, per upstream (none: tenants share the organization's).
+    pub limits: Option<Limits>,
+    /// Virtual keys: the key a client presents → its tenant's name. When any are given, only
+    /// these keys are accepted, and the upstream's own key (`api_key_env`) replaces them.
+    pub virtual_keys: BTreeMap<String, String>,
+}
+
+/// Where an upstream's keys get their limits.
+#[derive(Debug, Clone)]
+pub enum LimitsFrom {
+    /// These, for every key (model or deployment) of the upstream.
+    Fixed(Limits),
+    /// From the responses' `limit` headers, read per minute.
+    Headers,
+}
+
+/// One upstream API.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    /// Its name: the first part of its keys (`openai:gpt-4o`) and a metrics label.
+    pub name: String,
+    /// Its base URL (`https://api.openai.com`, `http://127.0.0.1:8000`): the client's path is
+    /// appended to it (less `strip`).
+    pub url: http::Uri,
+    /// The profile's name (`openai`, `azure-openai`, `anthropic`, `voyage`, `gemini`, `groq`,
+    /// `mistral`, `generic`).
+    pub profile: String,
+    /// The estimator for `generic` (default `openai`).
+    pub estimator: Option<String>,
+    /// The limits.
+    pub limits: LimitsFrom,
+    /// Only paths under this prefix go here; it is taken off before forwarding (default none).
+    pub mount: String,
+    /// A prefix taken off the client's path before it is appended to `url` (Gemini's
+    /// OpenAI-compatible endpoint has no `/v1`).
+    pub strip: String,
+    /// One key per model (the body's `model`; per deployment on Azure), or one for the
+    /// whole upstream.
+    pub per_model: bool,
+    /// The longest a call waits for its toll, retries included, before it is answered 429
+    /// (default 60 s).
+    pub timeout: Duration,
+    /// How many times a transient 429 from the upstream is retried here before it is handed
+    /// to the client (default 3).
+    pub retries: u32,
+    /// HTTP/2 without TLS (h2c, prior knowledge), for upstreams such as vLLM behind an h2
+    /// load balancer. Over `https` HTTP/2 is negotiated (ALPN) without this.
+    pub http2_only: bool,
+    /// The environment variable holding the upstream's real API key, sent in place of a
+    /// virtual key.
+    pub api_key_env: Option<String>,
+}
+
+impl Upstream {
+    /// The library's profile for this upstream.
+    pub fn library_profile(&self) -> Result<Profile, String> {
+        let profile = match self.profile.as_str() {
+            "openai" => Profile::openai(),
+            "azure-openai" | "azure" => Profile::azure_openai(),
+            "anthropic" => Profile::anthropic(),
+            "voyage" | "voyageai" => Profile::voyage(),
+            "gemini" => Profile::gemini(),
+            "groq" => Profile::groq(),
+            "mistral" => Profile::mistral(),
+            "generic" => Profile::generic(self.name.clone()),
+            other => {
+                return Err(format!(
+                    "upstream `{}`: unknown profile `{other}`; expected openai, azure-openai, anthropic, voyage, gemini, groq, mistral or generic",
+                    self.name
+                ));
+            }
+        };
+        Ok(match &self.estimator {
+            Some(name) => profile.estimator(name.clone()),
+            None => profile,
+        })
+    }
+
+    /// Which kind of API the profile speaks, for its routes and its error shapes.
+    pub fn family(&self) -> Family {
+        match self.profile.as_str() {
+            "anthropic" => Family::Anthropic,
+            "azure-openai" | "azure" => Family::Azure,
+            _ => Family::OpenAi,
+        }
+    }
+}
+
+/// The kind of API an upstream speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// OpenAI's paths and error bodies (OpenAI, Groq, Mistral, Gemini's endpoint, Voyage,
+    /// generic hosts).
+    OpenAi,
+    /// Azure OpenAI's deployment paths, OpenAI's error bodies.
+    Azure,
+    /// Anthropic's messages API and error bodies.
+    Anthropic,
+}
+
+const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
+const DEFAULT_MAX_BODY: usize = 32 << 20;
+const DEFAULT_DRAIN: Duration = Duration::from_secs(30);
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The file's shape.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    listen: Option<String>,
+    redis: Option<String>,
+    max_body_bytes: Option<usize>,
+    drain_seconds: Option<f64>,
+    other_paths: Option<OtherPaths>,
+    tenants: Option<TenantsFile>,
+    #[serde(default, rename = "upstream")]
+    upstreams: Vec<UpstreamFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TenantsFile {
+    from: Option<String>,
+    requests: Option<String>,
+    tokens: Option<String>,
+    output_tokens: Option<String>,
+    #[serde(default)]
+    virtual_keys: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UpstreamFile {
+    name: Option<String>,
+    url: String,
+    profile: Option<String>,
+    estimator: Option<String>,
+    limits: Option<String>,
+    requests: Option<String>,
+    tokens: Option<String>,
+    output_tokens: Option<String>,
+    mount: Option<String>,
+    strip: Option<String>,
+    per_model: Option<bool>,
+    timeout_seconds: Option<f64>,
+    retries: Option<u32>,
+    http2_only: Option<bool>,
+    api_key_env: Option<String>,
+}
+
+/// Limits from three optional rate strings; none at all is `None`.
+pub fn limits_from(
+    requests: Option<&str>,
+    tokens: Option<&str>,
+    output_tokens: Option<&str>,
+) -> Result<Option<Limits>, String> {
+    if requests.is_none() && tokens.is_none() && output_tokens.is_none() {
+        return Ok(None);
+    }
+    let mut limits =
+        Limits::parse(requests.unwrap_or(""), tokens.unwrap_or("")).map_err(|e| e.to_string())?;
+    if let Some(output) = output_tokens {
+        let rates: Rates = output
+            .parse()
+            .map_err(|e: tollgate::RateError| e.to_string())?;
+        limits = limits.with_output_tokens(rates);
+    }
+    if limits.is_empty() {
+        return Err("no window at all".to_owned());
+    }
+    Ok(Some(limits))
+}
+
+fn seconds(value: f64, what: &str, problems: &mut Vec<String>) -> Duration {
+    if value.is_finite() && (0.0..=86_400.0 * 365.0).contains(&value) {
+        Duration::from_secs_f64(value)
+    } else {
+        problems.push(format!(
+            "{what}: {value} is not a number of seconds from 0 to a year"
+        ));
+        Duration::ZERO
+    }
+}
+
+/// Checks that a base URL has a scheme the proxy speaks and a host.
+pub fn upstream_url(text: &str) -> Result<http::Uri, String> {
+    let url: http::Uri = text
+        .parse()
+        .map_err(|e| format!("url `{text}` can't be read: {e}"))?;
+    match url.scheme_str() {
+        Some("http" | "https") => {}
+        _ => return Err(format!("url `{text}`: the scheme must be http or https")),
+    }
+    if url.host().is_none_or(str::is_empty) {
+        return Err(format!("url `{text}` has no host"));
+    }
+    if url.query().is_some() {
+        return Err(format!("url `{text}`: a base URL takes no query"));
+    }
+    Ok(url)
+}
+
+fn prefix(text: Option<String>, what: &str, problems: &mut Vec<String>) -> String {
+    let text = text.unwrap_or_default();
+    let text = text.trim_end_matches('/').to_owned();
+    if !text.is_empty() && !text.starts_with('/') {
+        problems.push(format!("{what} `{text}` must start with `/`"));
+    }
+    text
+}
+
+impl Config {
+    /// The configuration in a TOML text; every problem is reported at once.
+    ///
+    /// ```
+    /// let config = tollgate_proxy::Config::from_toml(r#"
+    ///     listen = "127.0.0.1:9000"
+    ///     [[upstream]]
+    ///     name = "openai"
+    ///     url = "https://api.openai.com"
+    ///     profile = "openai"
+    ///     requests = "500/m"
+    ///     tokens = "200000/m"
+    /// "#)?;
+    /// assert_eq!(config.listen.port(), 9000);
+    /// assert_eq!(config.upstreams[0].name, "openai");
+    /// # Ok::<(), tollgate_proxy::ConfigError>(())
+    /// ```
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let file: File = toml::from_str(text).map_err(|e| ConfigError(vec![e.to_string()]))?;
+        let mut problems = Vec::new();
+        let listen = file
+            .listen
+            .as_deref()
+            .unwrap_or(DEFAULT_LISTEN)
+            .parse()
+            .unwrap_or_else(|e| {
+                problems.push(format!("listen: {e}"));
+                DEFAULT_LISTEN.parse().expect("a valid default")
+            });
+        let drain = file.drain_seconds.map_or(DEFAULT_DRAIN, |s| {
+            seconds(s, "drain_seconds", &mut problems)
+        });
+        let tenants = match file.tenants {
+            None => Tenants::none(),
+            Some(t) => {
+                let from = match t.from.as_deref() {
+                    None | Some("none") => TenantFrom::None,
+                    Some("key") => TenantFrom::Key,
+                    Some(other) => match other.strip_prefix("header:") {
+                        Some(name) => match http::HeaderName::try_from(name.trim()) {
+                            Ok(name) => TenantFrom::Header(name),
+                            Err(_) => {
+                                problems
+                                    .push(format!("tenants.from: `{name}` is not a header name"));
+                                TenantFrom::None
+                            }
+                        },
+                        None => {
+                            problems.push(format!(
+                                "tenants.from: `{other}`; expected none, key or header:NAME"
+                            ));
+                            TenantFrom::None
+                        }
+                    },
+                };
+                let limits = limits_from(
+                    t.requests.as_deref(),
+                    t.tokens.as_deref(),
+                    t.output_tokens.as_deref(),
+                )
+                .unwrap_or_else(|e| {
+                    problems.push(format!("tenants: {e}"));
+                    None
+                });
+                let from = if !t.virtual_keys.is_empty() && from == TenantFrom::None {
+                    TenantFrom::Key
+                } else {
+                    from
+                };
+                Tenants {
+                    from,
+                    limits,
+                    virtual_keys: t.virtual_keys,
+                }
+            }
+        };
+        let mut upstreams = Vec::new();
+        for (i, u) in file.upstreams.into_iter().enumerate() {
+            let profile = u.profile.unwrap_or_else(|| "openai".to_owned());
+            let name = u.name.unwrap_or_else(|| profile.clone());
+            let what = format!("upstream `{name}`");
+            let url = upstream_url(&u.url).unwrap_or_else(|e| {
+                problems.push(format!("{what}: {e}"));
+                http::Uri::from_static("http://invalid")
+            });
+            let fixed = limits_from(
+                u.requests.as_deref(),
+                u.tokens.as_deref(),
+                u.output_tokens.as_deref(),
+            )
+            .unwrap_or_else(|e| {
+                problems.push(format!("{what}: {e}"));
+                None
+            });
+            let limits = match (u.limits.as_deref(), fixed) {
+                (Some("from-headers"), None) | (None, None) => LimitsFrom::Headers,
+                (None, Some(limits)) => LimitsFrom::Fixed(limits),
+                (Some("from-headers"), Some(_)) => {
+                    problems.push(format!(
+                        "{what}: limits = \"from-headers\" and rates at once; choose one"
+                    ));
+                    LimitsFrom::Headers
+                }
+                (Some(other), _) => {
+                    problems.push(format!(
+                        "{what}: limits = `{other}`; the only word it takes is \"from-headers\" (give rates with requests, tokens, output_tokens)"
+                    ));
+                    LimitsFrom::Headers
+                }
+            };
+            let upstream = Upstream {
+                name: name.clone(),
+                url,
+                profile,
+                estimator: u.estimator,
+                limits,
+                mount: prefix(u.mount, &format!("{what}: mount"), &mut problems),
+                strip: prefix(u.strip, &format!("{what}: strip"), &mut problems),
+                per_model: u.per_model.unwrap_or(true),
+                timeout: u.timeout_seconds.map_or(DEFAULT_TIMEOUT, |s| {
+                    seconds(s, &format!("{what}: timeout_seconds"), &mut problems)
+                }),
+                retries: u.retries.unwrap_or(3),
+                http2_only: u.http2_only.unwrap_or(false),
+                api_key_env: u.api_key_env,
+            };
+            if let Err(e) = upstream.library_profile() {
+                problems.push(e);
+            }
+            if name.is_empty() || name.contains([':', ' ']) {
+                problems.push(format!(
+                    "upstream {i}: name `{name}` must be non-empty, without `:` or spaces"
+                ));
+            }
+            upstreams.push(upstream);
+        }
+        let mut names: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
+        names.sort_unstable();
+        if names.windows(2).any(|w| w[0] == w[1]) {
+            problems.push("two upstreams have the same name".to_owned());
+        }
+        if upstreams.is_empty() {
+            upstreams = Config::public_upstreams();
+        }
+        if !problems.is_empty() {
+            return Err(ConfigError(problems));
+        }
+        Ok(Config {
+            listen,
+            redis: file.redis,
+            max_body: file.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY),
+            drain,
+            other_paths: file.other_paths.unwrap_or(OtherPaths::Pass),
+            tenants,
+            upstreams,
+        })
+    }
+
+    /// The configuration with no file and no flags: 127.0.0.1:8787, OpenAI's and
+    /// Anthropic's public APIs with limits learned from their headers.
+    pub fn public() -> Config {
+        Config {
+            listen: DEFAULT_LISTEN.parse().expect("a valid default"),
+            redis: None,
+            max_body: DEFAULT_MAX_BODY,
+            drain: DEFAULT_DRAIN,
+            other_paths: OtherPaths::Pass,
+            tenants: Tenants::none(),
+            upstreams: Config::public_upstreams(),
+        }
+    }
+
+    fn public_upstreams() -> Vec<Upstream> {
+        vec![
+            Upstream::new(
+                "openai",
+                http::Uri::from_static("https://api.openai.com"),
+                "openai",
+                LimitsFrom::Headers,
+            ),
+            Upstream::new(
+                "anthropic",
+                http::Uri::from_static("https://api.anthropic.com"),
+                "anthropic",
+                LimitsFrom::Headers,
+            ),
+        ]
+    }
+
+    /// One upstream from flags: `url` (default: the profile's public API), `profile`, limits.
+    pub fn single(
+        url: Option<&str>,
+        profile: &str,
+        limits: Option<Limits>,
+    ) -> Result<Config, ConfigError> {
+        let url = match url {
+            Some(url) => upstream_url(url).map_err(|e| ConfigError(vec![e]))?,
+            None => http::Uri::from_static(match profile {
+                "anthropic" => "https://api.anthropic.com",
+                "voyage" | "voyageai" => "https://api.voyageai.com",
+                "groq" => "https://api.groq.com/openai",
+                "mistral" => "https://api.mistral.ai",
+                "gemini" => "https://generativelanguage.googleapis.com/v1beta/openai",
+                "openai" => "https://api.openai.com",
+                other => {
+                    return Err(ConfigError(vec![format!(
+                        "profile `{other}` has no public API to default to: give --upstream URL"
+                    )]));
+                }
+            }),
+        };
+        let limits = limits.map_or(LimitsFrom::Headers, LimitsFrom::Fixed);
+        let mut upstream = Upstream::new(profile, url, profile, limits);
+        if profile == "gemini" {
+            upstream.strip = "/v1".to_owned();
+        }
+        upstream
+            .library_profile()
+            .map_err(|e| ConfigError(vec![e]))?;
+        Ok(Config {
+            upstreams: vec![upstream],
+            ..Config::public()
+        })
+    }
+}
+
+impl Upstream {
+    /// An upstream with the defaults: no mount, one key per model, 60 s, 3 retries.
+    pub fn new(name: &str, url: http::Uri, profile: &str, limits: LimitsFrom) -> Upstream {
+        Upstream {
+            name: name.to_owned(),
+            url,
+            profile: profile.to_owned(),
+            estimator: None,
+            limits,
+            mount: String::new(),
+            strip: String::new(),
+            per_model: true,
+            timeout: DEFAULT_TIMEOUT,
+            retries: 3,
+            http2_only: false,
+            api_key_env: None,
+        }
+    }
+}
+
+impl Tenants {
+    /// No tenants: every call is the organization's.
+    pub fn none() -> Tenants {
+        Tenants {
+            from: TenantFrom::None,
+            limits: None,
+            virtual_keys: BTreeMap::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_problem_of_a_file_is_named_at_once() {
+        let err = Config::from_toml(
+            r#"
+            listen = "nowhere"
+            [tenants]
+            from = "cookie"
+            [[upstream]]
+            url = "ftp://x"
+            profile = "claude"
+            requests = "5/q"
+            "#,
+        )
+        .unwrap_err();
+        assert_eq!(err.0.len(), 5, "{err}");
+        assert!(err.0[0].starts_with("listen:"), "{err}");
+        assert!(err.0[1].contains("tenants.from: `cookie`"), "{err}");
+        assert!(err.0[2].contains("scheme must be http or https"), "{err}");
+        assert!(
+            err.0[3].contains("`5/q`") || err.0[3].contains("unknown unit"),
+            "{err}"
+        );
+        assert!(err.0[4].contains("unknown profile `claude`"), "{err}");
+    }
+
+    #[test]
+    fn an_empty_file_serves_the_public_apis_from_their_headers() {
+        let config = Config::from_toml("").unwrap();
+        assert_eq!(config.listen, "127.0.0.1:8787".parse().unwrap());
+        let names: Vec<&str> = config.upstreams.iter().map(|u| u.name.as_str()).collect();
+        assert_eq!(names, ["openai", "anthropic"]);
+        assert!(matches!(config.upstreams[0].limits, LimitsFrom::Headers));
+        assert_eq!(config.max_body, 32 << 20);
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let err = Config::from_toml("[[upstream]]\nurl = \"http://a\"\nrpm = 5\n").unwrap_err();
+        assert!(err.to_string().contains("unknown field `rpm`"), "{err}");
+    }
+
+    #[test]
+    fn virtual_keys_make_tenants_come_from_keys() {
+        let config = Config::from_toml(
+            r#"
+            [tenants]
+            requests = "10/m"
+            virtual_keys = { "vk-1" = "alice" }
+            "#,
+        )
+        .unwrap();
+        assert_eq!(config.tenants.from, TenantFrom::Key);
+        assert_eq!(config.tenants.virtual_keys["vk-1"], "alice");
+        assert_eq!(config.tenants.limits.unwrap().to_string(), "requests 10/m");
+    }
+}

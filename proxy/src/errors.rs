@@ -1,0 +1,167 @@
+//! Answers the proxy writes itself, in the shape the upstream's own clients read: OpenAI's
+//! `{"error": {...}}` or Anthropic's `{"type": "error", "error": {...}}`, with `retry-after`
+//! on a 429 so that the SDKs wait and retry as they would for the provider.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode};
+use serde_json::json;
+
+use crate::config::Family;
+use crate::relay::Relay;
+
+/// What went wrong, in the words each provider uses for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// The call's wait for its toll would pass its deadline (429, worth retrying later).
+    RateLimited,
+    /// The request body is larger than the proxy takes (413).
+    TooLarge,
+    /// The request can't be read or can never pass (400).
+    Invalid,
+    /// Virtual keys are required and this one is unknown (401).
+    Unauthorized,
+    /// No route (404).
+    NotFound,
+    /// The upstream could not be reached (502).
+    Upstream,
+    /// The store is down, or the proxy is draining (503).
+    Unavailable,
+}
+
+impl Kind {
+    /// The status it is answered with.
+    pub fn status(self) -> StatusCode {
+        match self {
+            Kind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            Kind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Kind::Invalid => StatusCode::BAD_REQUEST,
+            Kind::Unauthorized => StatusCode::UNAUTHORIZED,
+            Kind::NotFound => StatusCode::NOT_FOUND,
+            Kind::Upstream => StatusCode::BAD_GATEWAY,
+            Kind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    fn openai_type(self) -> (&'static str, &'static str) {
+        match self {
+            Kind::RateLimited => ("requests", "rate_limit_exceeded"),
+            Kind::TooLarge => ("invalid_request_error", "request_too_large"),
+            Kind::Invalid => ("invalid_request_error", "invalid_request"),
+            Kind::Unauthorized => ("invalid_request_error", "invalid_api_key"),
+            Kind::NotFound => ("invalid_request_error", "unknown_url"),
+            Kind::Upstream => ("server_error", "upstream_unreachable"),
+            Kind::Unavailable => ("server_error", "service_unavailable"),
+        }
+    }
+
+    fn anthropic_type(self) -> &'static str {
+        match self {
+            Kind::RateLimited => "rate_limit_error",
+            Kind::TooLarge => "request_too_large",
+            Kind::Invalid => "invalid_request_error",
+            Kind::Unauthorized => "authentication_error",
+            Kind::NotFound => "not_found_error",
+            Kind::Upstream => "api_error",
+            Kind::Unavailable => "overloaded_error",
+        }
+    }
+}
+
+/// The body of an error in `family`'s shape.
+///
+/// ```
+/// use tollgate_proxy::config::Family;
+/// use tollgate_proxy::errors::{Kind, body};
+///
+/// let openai: serde_json::Value = serde_json::from_slice(&body(Family::OpenAi, Kind::RateLimited, "wait")).unwrap();
+/// assert_eq!(openai["error"]["code"], "rate_limit_exceeded");
+/// let anthropic: serde_json::Value = serde_json::from_slice(&body(Family::Anthropic, Kind::RateLimited, "wait")).unwrap();
+/// assert_eq!(anthropic["error"]["type"], "rate_limit_error");
+/// ```
+pub fn body(family: Family, kind: Kind, message: &str) -> Bytes {
+    let value = match family {
+        Family::Anthropic => json!({
+            "type": "error",
+            "error": {"type": kind.anthropic_type(), "message": message},
+        }),
+        Family::OpenAi | Family::Azure => {
+            let (kind, code) = kind.openai_type();
+            json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
+        }
+    };
+    Bytes::from(value.to_string())
+}
+
+/// A whole error answer. A 429 carries `retry-after` (whole seconds, at least 1) and
+/// `retry-after-ms`, and `x-should-retry: true`, which the OpenAI and Anthropic SDKs read;
+/// `x-tollgate: local` says the proxy wrote it, not the provider.
+pub fn answer(
+    family: Family,
+    kind: Kind,
+    message: &str,
+    retry_after: Option<Duration>,
+) -> Response<Relay> {
+    let mut response = Response::new(Relay::full(body(family, kind, message)));
+    *response.status_mut() = kind.status();
+    let headers = response.headers_mut();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert("x-tollgate", HeaderValue::from_static("local"));
+    if kind == Kind::RateLimited {
+        let wait = retry_after.unwrap_or(Duration::from_secs(1));
+        let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        headers.insert(http::header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+        headers.insert(
+            "retry-after-ms",
+            HeaderValue::from(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1)),
+        );
+        headers.insert("x-should-retry", HeaderValue::from_static("true"));
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_local_429_tells_when_in_both_headers_rounded_up() {
+        let response = answer(
+            Family::OpenAi,
+            Kind::RateLimited,
+            "wait",
+            Some(Duration::from_millis(2_300)),
+        );
+        assert_eq!(response.status(), 429);
+        let h = response.headers();
+        assert_eq!(h["retry-after"], "3");
+        assert_eq!(h["retry-after-ms"], "2300");
+        assert_eq!(h["x-should-retry"], "true");
+        assert_eq!(h["x-tollgate"], "local");
+        let tiny = answer(
+            Family::Anthropic,
+            Kind::RateLimited,
+            "wait",
+            Some(Duration::from_micros(10)),
+        );
+        assert_eq!(tiny.headers()["retry-after"], "1");
+        assert_eq!(tiny.headers()["retry-after-ms"], "1");
+    }
+
+    #[test]
+    fn errors_other_than_429_carry_no_retry_after() {
+        let response = answer(Family::Anthropic, Kind::TooLarge, "too big", None);
+        assert_eq!(response.status(), 413);
+        assert!(!response.headers().contains_key("retry-after"));
+        let value: serde_json::Value =
+            serde_json::from_slice(&body(Family::Anthropic, Kind::TooLarge, "too big")).unwrap();
+        assert_eq!(
+            value,
+            json!({"type": "error", "error": {"type": "request_too_large", "message": "too big"}})
+        );
+    }
+}

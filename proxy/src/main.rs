@@ -1,0 +1,218 @@
+//! `tollgate-proxy`: the command. See the crate's README for the configuration file.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use tollgate_proxy::config::limits_from;
+use tollgate_proxy::{Config, Drained, Proxy};
+
+const USAGE: &str = "\
+tollgate-proxy: an OpenAI- and Anthropic-compatible gateway that keeps every client inside one quota
+
+USAGE:
+    tollgate-proxy [--config proxy.toml] [FLAGS]
+
+FLAGS (each overrides the file):
+    --listen ADDR           where to listen (default 127.0.0.1:8787)
+    --upstream URL          the one upstream's base URL (default: the profile's public API)
+    --profile NAME          openai, azure-openai, anthropic, voyage, gemini, groq, mistral, generic
+    --requests RATE         requests per period, e.g. 500/m (several: \"60/m; 1000/d\")
+    --tokens RATE           tokens per period, e.g. 200000/m
+    --output-tokens RATE    output tokens per period (Anthropic, Gemini)
+                            (no rate at all: limits are learned from the provider's headers)
+    --redis URL             share every key with the proxies on this Redis
+    --max-body BYTES        larger request bodies get 413 (default 33554432)
+    --drain SECONDS         how long calls in flight run on after SIGTERM (default 30)
+    --log json|text         log format (default json); RUST_LOG filters (default info)
+    --config FILE           a TOML configuration (see the README)
+    -h, --help              this text
+    -V, --version           the version
+
+EXAMPLE:
+    tollgate-proxy --upstream https://api.openai.com --profile openai --requests 500/m --tokens 200000/m
+    OPENAI_BASE_URL=http://127.0.0.1:8787/v1 python my_script.py
+";
+
+#[derive(Default)]
+struct Flags {
+    config: Option<String>,
+    listen: Option<String>,
+    upstream: Option<String>,
+    profile: Option<String>,
+    requests: Option<String>,
+    tokens: Option<String>,
+    output_tokens: Option<String>,
+    redis: Option<String>,
+    max_body: Option<String>,
+    drain: Option<String>,
+    log: Option<String>,
+}
+
+fn parse(args: impl Iterator<Item = String>) -> Result<Option<Flags>, String> {
+    let mut flags = Flags::default();
+    let mut args = args.peekable();
+    while let Some(arg) = args.next() {
+        let (name, inline) = match arg.split_once('=') {
+            Some((name, value)) if name.starts_with("--") => {
+                (name.to_owned(), Some(value.to_owned()))
+            }
+            _ => (arg.clone(), None),
+        };
+        let slot = match name.as_str() {
+            "-h" | "--help" => {
+                print!("{USAGE}");
+                return Ok(None);
+            }
+            "-V" | "--version" => {
+                println!("tollgate-proxy {}", env!("CARGO_PKG_VERSION"));
+                return Ok(None);
+            }
+            "--config" => &mut flags.config,
+            "--listen" => &mut flags.listen,
+            "--upstream" => &mut flags.upstream,
+            "--profile" => &mut flags.profile,
+            "--requests" => &mut flags.requests,
+            "--tokens" => &mut flags.tokens,
+            "--output-tokens" => &mut flags.output_tokens,
+            "--redis" => &mut flags.redis,
+            "--max-body" => &mut flags.max_body,
+            "--drain" => &mut flags.drain,
+            "--log" => &mut flags.log,
+            other => return Err(format!("unknown argument `{other}` (see --help)")),
+        };
+        let value = match inline {
+            Some(value) => value,
+            None => args
+                .next()
+                .ok_or_else(|| format!("{name} needs a value (see --help)"))?,
+        };
+        *slot = Some(value);
+    }
+    Ok(Some(flags))
+}
+
+fn config(flags: &Flags) -> Result<Config, String> {
+    let mut config = match &flags.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+            Config::from_toml(&text).map_err(|e| format!("{path}: {e}"))?
+        }
+        None => Config::public(),
+    };
+    let single = flags.upstream.is_some()
+        || flags.profile.is_some()
+        || flags.requests.is_some()
+        || flags.tokens.is_some()
+        || flags.output_tokens.is_some();
+    if single {
+        let limits = limits_from(
+            flags.requests.as_deref(),
+            flags.tokens.as_deref(),
+            flags.output_tokens.as_deref(),
+        )?;
+        let profile = flags.profile.as_deref().unwrap_or("openai");
+        let one = Config::single(flags.upstream.as_deref(), profile, limits)
+            .map_err(|e| e.to_string())?;
+        config.upstreams = one.upstreams;
+    }
+    if let Some(listen) = &flags.listen {
+        config.listen = listen
+            .parse()
+            .map_err(|e| format!("--listen `{listen}`: {e}"))?;
+    }
+    if let Some(redis) = &flags.redis {
+        config.redis = Some(redis.clone());
+    }
+    if let Some(bytes) = &flags.max_body {
+        config.max_body = bytes
+            .parse()
+            .map_err(|e| format!("--max-body `{bytes}`: {e}"))?;
+    }
+    if let Some(seconds) = &flags.drain {
+        let value: f64 = seconds
+            .parse()
+            .map_err(|e| format!("--drain `{seconds}`: {e}"))?;
+        if !(value.is_finite() && (0.0..=86_400.0).contains(&value)) {
+            return Err(format!("--drain `{seconds}`: 0 to 86400 seconds"));
+        }
+        config.drain = Duration::from_secs_f64(value);
+    }
+    Ok(config)
+}
+
+fn logs(format: Option<&str>) -> Result<(), String> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format.unwrap_or("json") {
+        "json" => builder.json().flatten_event(true).init(),
+        "text" => builder.init(),
+        other => return Err(format!("--log `{other}`: json or text")),
+    }
+    Ok(())
+}
+
+/// Completes on SIGTERM or Ctrl-C.
+async fn terminated() {
+    #[cfg(unix)]
+    {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            Some(()) = async { match term.as_mut() { Some(t) => t.recv().await, None => None } } => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+fn main() -> ExitCode {
+    let flags = match parse(std::env::args().skip(1)) {
+        Ok(Some(flags)) => flags,
+        Ok(None) => return ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("tollgate-proxy: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(err) = logs(flags.log.as_deref()) {
+        eprintln!("tollgate-proxy: {err}");
+        return ExitCode::from(2);
+    }
+    let config = match config(&flags) {
+        Ok(config) => config,
+        Err(err) => {
+            eprintln!("tollgate-proxy: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("tollgate-proxy: no runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async {
+        let upstreams: Vec<String> = config
+            .upstreams
+            .iter()
+            .map(|u| format!("{} {} ({})", u.name, u.url, u.profile))
+            .collect();
+        let proxy = match Proxy::bind(config).await {
+            Ok(proxy) => proxy,
+            Err(err) => {
+                eprintln!("tollgate-proxy: {err}");
+                return ExitCode::FAILURE;
+            }
+        };
+        tracing::info!(listen = %proxy.local_addr(), upstreams = ?upstreams, "tollgate-proxy listening");
+        match proxy.serve(terminated()).await {
+            Drained::Clean => ExitCode::SUCCESS,
+            Drained::Cut => ExitCode::from(3),
+        }
+    })
+}

@@ -1,0 +1,9 @@
+//! tollgate-proxy in-process, in front of the provider stand-in (or a scripted upstream), with
+//! a Rust client here and the official Python and Node SDKs in `clients`.
+
+mod clients;
+mod common;
+mod hostile;
+mod routes;
+mod service;
+mod tenants;
