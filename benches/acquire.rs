@@ -35,7 +35,14 @@ fn uncontended(c: &mut Criterion) {
         b.iter(|| black_box(governor.check().is_ok()))
     });
     group.bench_function("tollgate_store_two_buckets", |b| {
-        b.iter(|| black_box(store.apply_now(&key, black_box(op)).unwrap().unwrap()))
+        b.iter(|| {
+            black_box(
+                store
+                    .apply_now(&key, black_box(op.clone()))
+                    .unwrap()
+                    .unwrap(),
+            )
+        })
     });
     group.bench_function("tollgate_limiter_try_acquire", |b| {
         b.iter(|| {

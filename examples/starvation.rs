@@ -54,7 +54,7 @@ impl Store for Logged {
     }
 
     async fn apply(&self, key: &RedisKey, op: Op) -> Result<Outcome, Error> {
-        let (outcome, now) = testing::redis_apply_at(&self.store, key, op, None).await?;
+        let (outcome, now) = testing::redis_apply_at(&self.store, key, op.clone(), None).await?;
         let mut arrived = self.arrived.lock().unwrap_or_else(|e| e.into_inner());
         match (op, &outcome) {
             (Op::Acquire { cost, .. }, Outcome::Admitted) => {

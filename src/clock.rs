@@ -1,8 +1,12 @@
 //! Where "now" comes from.
 //!
-//! The in-process store follows `tokio::time::Instant`, which means that `tokio::time::pause()`
-//! drives every window and every wait in tests; [`ManualClock`] is moved by hand, for tests of
-//! the arithmetic that want exact instants.
+//! The in-process store reads the CPU's counter through `quanta` (a few nanoseconds, where the
+//! system's monotonic clock costs tens on some machines), except on a runtime whose clock is
+//! paused when the store is made: there it follows `tokio::time::Instant`, so that
+//! `tokio::time::pause()` (`#[tokio::test(start_paused = true)]`) drives every window and every
+//! wait in tests. [`ManualClock`] is moved by hand, for tests of the arithmetic that want exact
+//! instants. Waits are measured from the store's answers (how long until a call is due), so
+//! the limiter's sleeps on tokio's timer agree with any of these clocks.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,6 +17,13 @@ use crate::bucket::Nanos;
 /// A source of monotonic time for a store.
 #[derive(Debug, Clone)]
 pub(crate) enum Clock {
+    /// The CPU's counter, in nanoseconds from its reading when the clock was made.
+    Fast {
+        /// The counter and its calibration.
+        clock: quanta::Clock,
+        /// The counter's raw reading at the origin.
+        origin: u64,
+    },
     /// `tokio::time::Instant`, measured from the instant the clock was made.
     Tokio(tokio::time::Instant),
     /// Time that moves only when told to.
@@ -25,13 +36,34 @@ impl Clock {
         Clock::Tokio(tokio::time::Instant::now())
     }
 
+    /// The CPU's counter, starting now.
+    pub(crate) fn fast() -> Clock {
+        let clock = quanta::Clock::new();
+        let origin = clock.raw();
+        Clock::Fast { clock, origin }
+    }
+
+    /// The clock a store made here should read: tokio's if this thread runs a runtime whose
+    /// clock is paused (a test driving time), else the CPU's counter.
+    pub(crate) fn detect() -> Clock {
+        if tokio_is_paused() {
+            Clock::tokio()
+        } else {
+            Clock::fast()
+        }
+    }
+
     /// The time since the clock's origin.
     ///
     /// Tokio's clock reads from [`TOKIO_BIAS`] up, so that a reading earlier than the origin
     /// (another runtime whose paused clock lags this one, in tests) is still an instant that
     /// orders correctly instead of collapsing to zero.
+    #[inline]
     pub(crate) fn now(&self) -> Nanos {
         match self {
+            Clock::Fast { clock, origin } => {
+                Nanos(TOKIO_BIAS.saturating_add(clock.delta_as_nanos(*origin, clock.raw())))
+            }
             Clock::Tokio(origin) => {
                 let now = tokio::time::Instant::now();
                 let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(TOKIO_BIAS);
@@ -46,7 +78,24 @@ impl Clock {
     }
 }
 
-/// Where tokio's clock starts counting (2^62 ns, about 146 years): room below for readings
+/// True when this thread is inside a tokio runtime whose clock is paused.
+///
+/// Tokio offers no question for it, so it is observed: an unpaused clock is the system's and
+/// moves while this spins for two microseconds; a paused one moves only when the runtime
+/// sleeps, which it cannot do while this thread spins.
+fn tokio_is_paused() -> bool {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return false;
+    }
+    let before = tokio::time::Instant::now();
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_micros(2) {
+        std::hint::spin_loop();
+    }
+    tokio::time::Instant::now() == before
+}
+
+/// Where the fast and tokio clocks start counting (2^62 ns, about 146 years): room below for readings
 /// before the origin, and above for centuries after it.
 const TOKIO_BIAS: u64 = 1 << 62;
 

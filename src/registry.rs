@@ -6,7 +6,7 @@ use std::sync::{LazyLock, OnceLock, PoisonError, RwLock};
 use crate::error::Error;
 use crate::limiter::{Limiter, WaitPolicy, WeakLimiter};
 use crate::rate::Limits;
-use crate::store::AnyStore;
+use crate::store::{AnyStore, MemoryStore};
 
 /// Swept for keys nobody holds once the map has doubled since the last sweep, never below this
 /// size.
@@ -54,8 +54,15 @@ struct State {
 }
 
 static GLOBAL_STORE: OnceLock<AnyStore> = OnceLock::new();
-static GLOBAL: LazyLock<Registry> =
-    LazyLock::new(|| Registry::new(GLOBAL_STORE.get_or_init(AnyStore::default).clone()));
+// The process-wide store follows tokio's clock: tests that pause it and tests that don't share
+// it, in whatever order they first touch it.
+static GLOBAL: LazyLock<Registry> = LazyLock::new(|| {
+    Registry::new(
+        GLOBAL_STORE
+            .get_or_init(|| AnyStore::from(MemoryStore::on_tokio_clock()))
+            .clone(),
+    )
+});
 
 /// Chooses the store of the process-wide registry, once, before its first use.
 ///

@@ -115,9 +115,9 @@ impl Store for Recording {
 /// let mut key = RuleBook::new(&limits, Duration::ZERO, Duration::from_secs(1));
 /// let try_one = Op::Acquire { cost: Cost::call(0), max_wait: Some(Duration::ZERO), fly: false };
 /// for _ in 0..10 {
-///     assert_eq!(key.apply(try_one, Duration::ZERO)?, Outcome::Admitted);
+///     assert_eq!(key.apply(try_one.clone(), Duration::ZERO)?, Outcome::Admitted);
 /// }
-/// assert_eq!(key.apply(try_one, Duration::ZERO)?, Outcome::NotYet(Duration::from_millis(100)));
+/// assert_eq!(key.apply(try_one.clone(), Duration::ZERO)?, Outcome::NotYet(Duration::from_millis(100)));
 /// # Ok::<(), tollgate::Error>(())
 /// ```
 #[derive(Debug)]

@@ -318,7 +318,7 @@ pub(crate) fn per_currency(cost: Cost) -> PerCurrency<u64> {
 
 /// The answer of one step of a key's state machine. Durations are nanoseconds from the
 /// instant of the step, saturated at `u64::MAX`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Step {
     /// Charged; the call may go.
     Admitted,
@@ -347,7 +347,7 @@ pub(crate) enum Step {
     /// was ambiguous (another call went out within [`SEND_SKEW`] of the answered one, or the
     /// call is not remembered); how long ago the call went out (ns); and, per currency, what
     /// was taken off now and what of the model's charges came back.
-    Synced(Synced),
+    Synced(Box<Synced>),
     /// A settlement: what was added to the windows of each currency (positive: a refund;
     /// negative: a charge).
     Settled(PerCurrency<i64>),

@@ -559,14 +559,14 @@ impl KeyState {
             }
         }
         self.replan();
-        Step::Synced(super::Synced {
+        Step::Synced(Box::new(super::Synced {
             above,
             spent,
             ambiguous,
             since: std::time::Duration::from_nanos(since),
             lowered,
             returned,
-        })
+        }))
     }
 
     /// Settles call `flight` (charged `charged`, if the key no longer remembers it) with what

@@ -427,7 +427,7 @@ impl<S: Store> Limiter<S> {
     /// A header sync on the store (see [`SyncArgs`]).
     #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) async fn sync(&self, args: SyncArgs) -> Result<crate::store::Synced, Error> {
-        match self.call_bounded(Op::Sync(args)).await? {
+        match self.call_bounded(Op::Sync(Box::new(args))).await? {
             Outcome::Synced(synced) => {
                 let lowered: u64 = synced.lowered.iter().sum();
                 if lowered > 0 {
@@ -436,7 +436,7 @@ impl<S: Store> Limiter<S> {
                 if synced.returned.iter().any(|r| *r > 0) {
                     self.refunded();
                 }
-                Ok(synced)
+                Ok(*synced)
             }
             other => Err(unexpected(&other)),
         }
@@ -480,7 +480,7 @@ impl<S: Store> Limiter<S> {
         // store that answers at once (memory) never builds the bounded call: boxed, it keeps
         // this future a few words long instead of the few hundred bytes of a timer and a
         // store call, which every admission would otherwise move.
-        let outcome = match self.inner.store.apply_now(&self.inner.bound, op) {
+        let outcome = match self.inner.store.apply_now(&self.inner.bound, op.clone()) {
             Some(answer) => answer?,
             None => Box::pin(self.call_bounded(op)).await?,
         };

@@ -219,7 +219,7 @@ impl<S: Store> Limiter<S> {
         deadline: Option<Instant>,
     ) -> Result<Result<Outcome, Error>, DeadlinePassed> {
         let inner = &self.inner;
-        if let Some(result) = inner.store.apply_now(&inner.bound, op) {
+        if let Some(result) = inner.store.apply_now(&inner.bound, op.clone()) {
             return Ok(result);
         }
         if tokio::runtime::Handle::try_current().is_err() {
@@ -232,7 +232,11 @@ impl<S: Store> Limiter<S> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let limiter = self.clone();
         tokio::spawn(async move {
-            let result = limiter.inner.store.apply(&limiter.inner.bound, op).await;
+            let result = limiter
+                .inner
+                .store
+                .apply(&limiter.inner.bound, op.clone())
+                .await;
             limiter.inner.note(&result);
             // If the caller went away, the delivery comes back here and is dropped, giving back
             // what the operation took.
@@ -275,7 +279,7 @@ impl<S: Store> Limiter<S> {
     /// task of its own (when there is a runtime to run it).
     pub(crate) fn settle_in_background(&self, op: Op) {
         let inner = &self.inner;
-        if inner.store.apply_now(&inner.bound, op).is_some() {
+        if inner.store.apply_now(&inner.bound, op.clone()).is_some() {
             return;
         }
         if tokio::runtime::Handle::try_current().is_ok() {

@@ -41,14 +41,14 @@ static NEXT_TICKET: AtomicU64 = AtomicU64::new(1);
 /// let key = store.bind("k", &Limits::parse("2/s burst 3", "")?)?;
 /// let try_one = Op::Acquire { cost: Cost::call(0), max_wait: Some(Duration::ZERO), fly: false };
 /// for _ in 0..3 {
-///     assert_eq!(store.apply_now(&key, try_one).unwrap()?, Outcome::Admitted);
+///     assert_eq!(store.apply_now(&key, try_one.clone()).unwrap()?, Outcome::Admitted);
 /// }
 /// assert_eq!(
-///     store.apply_now(&key, try_one).unwrap()?,
+///     store.apply_now(&key, try_one.clone()).unwrap()?,
 ///     Outcome::NotYet(Duration::from_millis(500))
 /// );
 /// clock.advance(Duration::from_millis(500));
-/// assert_eq!(store.apply_now(&key, try_one).unwrap()?, Outcome::Admitted);
+/// assert_eq!(store.apply_now(&key, try_one.clone()).unwrap()?, Outcome::Admitted);
 /// # Ok::<(), tollgate::Error>(())
 /// ```
 #[derive(Debug, Clone)]
@@ -104,8 +104,38 @@ impl Default for MemoryStore {
 }
 
 impl MemoryStore {
-    /// A store on tokio's clock (so `tokio::time::pause()` drives it in tests).
+    /// A store on the CPU's counter (read through `quanta`: a few nanoseconds a reading).
+    ///
+    /// Made on a tokio runtime whose clock is paused (`#[tokio::test(start_paused = true)]`),
+    /// it follows tokio's clock instead, so that the test drives its windows and waits. A store
+    /// made before the clock is paused, or shared by tests that pause and tests that don't,
+    /// should be made with [`on_tokio_clock`](MemoryStore::on_tokio_clock).
     pub fn new() -> MemoryStore {
+        MemoryStore::on(Clock::detect())
+    }
+
+    /// A store that follows `tokio::time::Instant`, paused or not: what `tokio::time::pause()`
+    /// drives. Each reading costs what the system's monotonic clock costs (tens of nanoseconds
+    /// on some machines) where [`new`](MemoryStore::new)'s costs a few.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use std::time::Duration;
+    /// use tollgate::{Cost, Limiter, Limits, MemoryStore};
+    ///
+    /// let store = MemoryStore::on_tokio_clock();
+    /// tokio::time::pause();
+    /// let limiter = Limiter::new("k", Limits::parse("1/s", "").unwrap(), store).unwrap();
+    /// let _first = limiter.acquire(Cost::call(0)).await.unwrap();
+    /// let start = tokio::time::Instant::now();
+    /// let _second = limiter.acquire(Cost::call(0)).await.unwrap();
+    /// // A second on the paused clock (rounded up to tokio's millisecond timer), in no time.
+    /// let waited = start.elapsed();
+    /// assert!(waited >= Duration::from_secs(1) && waited <= Duration::from_millis(1_001));
+    /// # }
+    /// ```
+    pub fn on_tokio_clock() -> MemoryStore {
         MemoryStore::on(Clock::tokio())
     }
 
@@ -132,7 +162,7 @@ impl MemoryStore {
     pub fn manual_clock(&self) -> Option<&ManualClock> {
         match &self.inner.clock {
             Clock::Manual(manual) => Some(manual),
-            Clock::Tokio(_) => None,
+            Clock::Tokio(_) | Clock::Fast { .. } => None,
         }
     }
 

@@ -42,7 +42,10 @@ impl Ticket {
 }
 
 /// One state transition of a key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// Small (48 bytes) so that an admission moves little: the one large operation, a sync, is
+/// boxed.
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Op {
     /// A call arrives. It is [`Outcome::Admitted`] at once if every window can pay for it on
@@ -102,7 +105,7 @@ pub enum Op {
     },
     /// A header sync: brings the windows in line with a provider's counts read from the
     /// answer to a call in flight (see [`SyncArgs`]). Answers [`Outcome::Synced`].
-    Sync(SyncArgs),
+    Sync(Box<SyncArgs>),
     /// Settles a call in flight with what it used, per currency in the order of
     /// [`Currency::ALL`] (`None`: as charged). A shortfall is charged less what a sync that
     /// counted the call took off already. With `last`, the call is done. Answers
@@ -156,8 +159,9 @@ pub enum Outcome {
     /// What an [`Op::Penalize`] emptied: per currency (in the order of [`Currency::ALL`]),
     /// the whole tokens the closest window held above zero.
     Emptied([u64; 3]),
-    /// What an [`Op::Sync`] found and did.
-    Synced(Synced),
+    /// What an [`Op::Sync`] found and did (boxed: the rare large answer would otherwise make
+    /// every admission's answer as large).
+    Synced(Box<Synced>),
     /// What an [`Op::Settle`] added to the windows, per currency (positive: a refund;
     /// negative: a charge).
     Settled([i64; 3]),

@@ -1,6 +1,7 @@
 //! The core, on the memory store: the arithmetic, waiting, keys, settling, metrics and memory.
 //! One binary for all of it (each file a module): a test binary links the whole tree.
 
+mod clock;
 mod config;
 // Its prompts are counted with the OpenAI vocabulary.
 #[cfg(feature = "tiktoken")]

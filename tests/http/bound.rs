@@ -304,7 +304,8 @@ proptest! {
             .start_paused(true)
             .build()
             .unwrap();
-        let registry = Arc::new(Registry::new(MemoryStore::new()));
+        // Made outside the runtime, so told to follow its paused clock.
+        let registry = Arc::new(Registry::new(MemoryStore::on_tokio_clock()));
         runtime.block_on(run(registry, limits, model, events))?;
     }
 }

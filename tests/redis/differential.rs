@@ -196,7 +196,7 @@ fn operation(rng: &mut Lcg, limits: &Limits, calls: &[Held]) -> (Op, Option<usiz
                 args.margin_if_above[i] = rng.below(2) == 0;
             }
             args.refused = rng.below(6) == 0;
-            (Op::Sync(args), call)
+            (Op::Sync(Box::new(args)), call)
         }
         83..=92 => match flying {
             Some(call) => {
@@ -260,9 +260,9 @@ fn the_script_answers_every_operation_exactly_as_the_rule_book() {
             for step in 0..STEPS {
                 now_ms += [0, 0, 1, 3, 20, 250, 1_000, 3_000][rng.below(8) as usize];
                 let (op, call) = operation(&mut rng, limits, &calls);
-                let book_op = to_rule_book(op, &calls, call);
+                let book_op = to_rule_book(op.clone(), &calls, call);
                 let expected = book.apply(book_op, Duration::from_millis(now_ms));
-                let got = redis_apply_at(&store, &key, op, Some(now_ms))
+                let got = redis_apply_at(&store, &key, op.clone(), Some(now_ms))
                     .await
                     .map(|(outcome, _)| outcome);
                 let context = || format!("seed {seed}, step {step}, at {now_ms} ms: {op:?}");

@@ -41,7 +41,7 @@ fn repeated_huge_underestimates_leave_the_server_responsive_and_stop_at_the_debt
             output_tokens: 0,
         };
         for i in 0..400 {
-            at(&store, "debt", &limits, take, Some(1_000 + i))
+            at(&store, "debt", &limits, take.clone(), Some(1_000 + i))
                 .await
                 .unwrap();
             assert!(responsive(&server), "BUSY after adjustment {i}");
@@ -147,7 +147,7 @@ fn random_and_extreme_operations_always_answer_quickly() {
             let key = format!("random-{key_number}");
             // An answer of the operation's own kind, or the refusal of a key held with other
             // limits; and the server stays free for everyone else after every step.
-            match at(&store, &key, limits, op, now).await {
+            match at(&store, &key, limits, op.clone(), now).await {
                 Ok((outcome, _)) => {
                     assert!(
                         answers(&op, &outcome),

@@ -232,7 +232,7 @@ impl RedisStore {
     }
 
     /// Runs the script for `op` on `key`, at `now_ms` (tests) or the server's `TIME`.
-    async fn run(&self, key: &RedisKey, op: Op, now_ms: Option<u64>) -> Result<Reply, Error> {
+    async fn run(&self, key: &RedisKey, op: &Op, now_ms: Option<u64>) -> Result<Reply, Error> {
         let (name, args) = script::op_args(op);
         // EVALSHA first; the same call with the script's text (EVAL, which also caches it on
         // that node) when the node does not know it: a restarted server, a `SCRIPT FLUSH`, or
@@ -304,11 +304,9 @@ impl RedisStore {
             crate::bucket::validate(&key.limits, cost)
                 .map_err(|e| Error::from_bucket(&key.name, cost, e))?;
         }
-        let reply = match self.run(key, op, now_ms).await {
-            Err(err @ Error::Unavailable { .. })
-                if self.inner.config.fail_open
-                    && matches!(op, Op::Acquire { .. } | Op::Admit { .. }) =>
-            {
+        let acquiring = matches!(op, Op::Acquire { .. } | Op::Admit { .. });
+        let reply = match self.run(key, &op, now_ms).await {
+            Err(err @ Error::Unavailable { .. }) if self.inner.config.fail_open && acquiring => {
                 tracing::warn!(key = %key.name, error = %err, "Redis unavailable; admitting because fail_open is set");
                 return Ok((Outcome::Admitted, 0));
             }
@@ -334,7 +332,7 @@ impl RedisStore {
                 ));
             }
             (Op::Penalize { .. }, Reply::Emptied { emptied, .. }) => Outcome::Emptied(emptied),
-            (Op::Sync(_), Reply::Synced { synced, .. }) => Outcome::Synced(synced),
+            (Op::Sync(_), Reply::Synced { synced, .. }) => Outcome::Synced(Box::new(synced)),
             (Op::Settle { .. }, Reply::Settled { delta, .. }) => Outcome::Settled(delta),
             (Op::Acquire { .. }, Reply::Queued { id, due_in_ms, .. }) => Outcome::Queued {
                 ticket: Ticket::new(id),

@@ -100,12 +100,12 @@ fn exact(value: i64) -> i64 {
 }
 
 /// The script's name for `op`, and its own arguments.
-pub(super) fn op_args(op: Op) -> (&'static str, Vec<i64>) {
+pub(super) fn op_args(op: &Op) -> (&'static str, Vec<i64>) {
     let ms_floor = |d: std::time::Duration| i64::try_from(d.as_millis()).unwrap_or(MAX_EXACT);
     let amount = |n: u64| i64::try_from(n).unwrap_or(MAX_EXACT).min(MAX_EXACT);
     let maybe = |n: Option<u64>| n.map_or(-1, amount);
     let flag = |b: bool| i64::from(b);
-    match op {
+    match *op {
         Op::Acquire {
             cost,
             max_wait,
@@ -142,7 +142,7 @@ pub(super) fn op_args(op: Op) -> (&'static str, Vec<i64>) {
             "lower",
             vec![i64::from(number(currency)), amount(remaining)],
         ),
-        Op::Sync(sync) => {
+        Op::Sync(ref sync) => {
             let mut args = vec![amount(sync.flight)];
             args.extend(bucket::per_currency(sync.charged).map(amount));
             args.extend(sync.remaining.map(maybe));
