@@ -128,14 +128,24 @@ async fn upstream(hold: watch::Receiver<bool>) -> SocketAddr {
     addr
 }
 
+/// The proxy's process, ended when this is dropped (a panic here included).
+struct Proxied(Child);
+
+impl Drop for Proxied {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// The proxy binary in front of `upstream`, once it answers `/healthz`.
-async fn start_proxy(upstream: SocketAddr) -> (Child, SocketAddr) {
+async fn start_proxy(upstream: SocketAddr) -> (Proxied, SocketAddr) {
     let port = {
         let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         probe.local_addr().unwrap().port()
     };
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate-proxy"))
+    let child = Command::new(env!("CARGO_BIN_EXE_tollgate-proxy"))
         .args(["--listen", &addr.to_string()])
         .args(["--upstream", &format!("http://{upstream}")])
         .args(["--profile", "openai"])
@@ -144,6 +154,7 @@ async fn start_proxy(upstream: SocketAddr) -> (Child, SocketAddr) {
         .stderr(Stdio::null())
         .spawn()
         .expect("the proxy binary starts");
+    let child = Proxied(child);
     for _ in 0..500 {
         if let Ok(stream) = TcpStream::connect(addr).await {
             let mut sender = connect_stream(stream).await;
@@ -156,8 +167,6 @@ async fn start_proxy(upstream: SocketAddr) -> (Child, SocketAddr) {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let _ = child.kill();
-    let _ = child.wait();
     panic!("the proxy did not start");
 }
 
@@ -222,6 +231,11 @@ async fn load(
                         sender = connect(addr).await;
                         continue;
                     };
+                    if s.ready().await.is_err() {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                        sender = connect(addr).await;
+                        continue;
+                    }
                     let sent = Instant::now();
                     let ok = match s.send_request(chat_request(addr, &body)).await {
                         Ok(response) => {
@@ -251,6 +265,8 @@ async fn load(
 
 /// The time to the first byte of a stream's body, in microseconds.
 async fn first_byte(sender: &mut Sender, addr: SocketAddr, body: &Bytes) -> u64 {
+    // The last stream's end may not have been processed by the connection yet.
+    sender.ready().await.unwrap();
     let sent = Instant::now();
     let response = sender.send_request(chat_request(addr, body)).await.unwrap();
     assert_eq!(response.status(), 200);
@@ -340,8 +356,8 @@ async fn main() {
     // `cargo bench` passes `--bench`; a filter or other flags are not used here.
     let (hold_tx, hold_rx) = watch::channel(false);
     let upstream = upstream(hold_rx).await;
-    let (mut child, proxy) = start_proxy(upstream).await;
-    let pid = child.id();
+    let (child, proxy) = start_proxy(upstream).await;
+    let pid = child.0.id();
 
     println!(
         "tollgate-proxy: added latency of a non-streaming chat call (1 KB body), ms; 2,000 calls/s in all, spread over the connections (1: one call after another)"
@@ -386,13 +402,12 @@ async fn main() {
     );
 
     let after_loads = rss_kib(pid);
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(child);
 
     // 1,000 streams held open through a fresh proxy: each has had its first event; their
     // ends wait for `hold`.
-    let (mut child, proxy) = start_proxy(upstream).await;
-    let pid = child.id();
+    let (child, proxy) = start_proxy(upstream).await;
+    let pid = child.0.id();
     // One stream first, so that the tokenizer and the pools are loaded before the count.
     first_byte(&mut connect(proxy).await.unwrap(), proxy, &body).await;
     let before = rss_kib(pid);
@@ -447,6 +462,5 @@ async fn main() {
         open.saturating_sub(before) as f64 / 1000.0,
         failures.load(Ordering::Relaxed),
     );
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(child);
 }
