@@ -474,6 +474,15 @@ impl Config {
         profile: &str,
         limits: Option<Limits>,
     ) -> Result<Config, ConfigError> {
+        // An unknown profile is named as such, whether or not a URL was given.
+        Upstream::new(
+            profile,
+            http::Uri::from_static("http://invalid"),
+            profile,
+            LimitsFrom::Headers,
+        )
+        .library_profile()
+        .map_err(|e| ConfigError(vec![e]))?;
         let url = match url {
             Some(url) => upstream_url(url).map_err(|e| ConfigError(vec![e]))?,
             None => http::Uri::from_static(match profile {
@@ -573,6 +582,22 @@ mod tests {
         assert_eq!(names, ["openai", "anthropic"]);
         assert!(matches!(config.upstreams[0].limits, LimitsFrom::Headers));
         assert_eq!(config.max_body, 32 << 20);
+    }
+
+    #[test]
+    fn an_unknown_profile_from_flags_is_named_as_such() {
+        let err = Config::single(None, "claude", None).unwrap_err();
+        assert!(
+            err.to_string().contains("unknown profile `claude`"),
+            "{err}"
+        );
+        let err = Config::single(Some("http://127.0.0.1:9"), "claude", None).unwrap_err();
+        assert!(
+            err.to_string().contains("unknown profile `claude`"),
+            "{err}"
+        );
+        let err = Config::single(None, "generic", None).unwrap_err();
+        assert!(err.to_string().contains("give --upstream URL"), "{err}");
     }
 
     #[test]
