@@ -4,8 +4,10 @@
 //! call sleeping on the limiter, which then fails at once instead of learning it one by one at
 //! its own turn. While calls sleep and nothing else talks to the store, a watchdog asks it
 //! once nothing has answered for two [`Store::health_interval`]s and no waiter is about to ask,
-//! so that a server that died or stopped is noticed within about one store timeout even when
-//! nobody is due.
+//! so that a server that died or stopped is noticed within about three intervals and a store
+//! timeout even when nobody is due (for Redis, the interval is half of
+//! `RedisConfig::with_liveness`: a limiter that is busy, or whose waiters ask often enough,
+//! never pings).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -94,7 +94,9 @@ fn a_failover_fails_waiting_calls_closed_then_serves_again() {
     };
     let timeout = Duration::from_millis(500);
     runtime().block_on(async {
-        let config = RedisConfig::default().with_timeout(timeout);
+        let config = RedisConfig::default().with_timeout(timeout)
+            // Waiters learn of a failure within their timeouts: asked after half of one.
+            .with_liveness(timeout / 2);
         let store = RedisStore::connect_with(&cluster.url(), config).await.unwrap();
         // A window that barely refills during the test, so that what a failover loses shows.
         let limiter = Limiter::new(

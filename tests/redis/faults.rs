@@ -16,7 +16,10 @@ use tollgate_testkit::local_runtime as runtime;
 /// the server. Answers how long after the fault the last waiter failed.
 fn fifty_waiters_then(server: &mut RedisServer, fault: impl FnOnce(&mut RedisServer)) -> Duration {
     runtime().block_on(async {
-        let config = RedisConfig::default().with_timeout(STORE_TIMEOUT);
+        let config = RedisConfig::default()
+            .with_timeout(STORE_TIMEOUT)
+            // Waiters learn of a failure within their timeouts: asked after half of one.
+            .with_liveness(STORE_TIMEOUT / 2);
         let store = RedisStore::connect_with(&server.url(), config)
             .await
             .unwrap();

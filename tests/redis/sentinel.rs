@@ -18,7 +18,10 @@ async fn limiter(
     limits: &str,
     timeout: Duration,
 ) -> Limiter<RedisStore> {
-    let config = RedisConfig::default().with_timeout(timeout);
+    let config = RedisConfig::default()
+        .with_timeout(timeout)
+        // Waiters learn of a failure within their timeouts: asked after half of one.
+        .with_liveness(timeout / 2);
     let store = RedisStore::connect_with(&watched.url(), config)
         .await
         .unwrap();

@@ -323,7 +323,10 @@ fn faults_are_errors_within_the_timeout_and_recovery_is_silent() {
         return;
     };
     runtime().block_on(async {
-        let config = RedisConfig::default().with_timeout(Duration::from_millis(300));
+        let config = RedisConfig::default()
+            .with_timeout(Duration::from_millis(300))
+            // Waiters learn of a failure within their timeouts: asked after half of one.
+            .with_liveness(Duration::from_millis(300) / 2);
         let store = RedisStore::connect_with(&server.url(), config)
             .await
             .unwrap();

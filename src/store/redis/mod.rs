@@ -413,9 +413,10 @@ impl Store for RedisStore {
 
     fn health_interval(&self) -> Option<Duration> {
         // With fail_open, an unreachable server is not a reason for a waiter to fail.
-        // Quiet for half a timeout, the store is asked: a failure is known within
-        // three quarters of a timeout plus the timeout of that question.
-        (!self.inner.config.fail_open).then(|| self.inner.config.timeout / 4)
+        // Quiet for the liveness period (two of these), the store is asked: a failure is
+        // known within one and a half periods plus the timeout of that question.
+        (!self.inner.config.fail_open)
+            .then(|| (self.inner.config.liveness / 2).max(Duration::from_millis(10)))
     }
 }
 
