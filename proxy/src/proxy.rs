@@ -36,6 +36,8 @@ const ERROR_BODY_WAIT: Duration = Duration::from_secs(10);
 const LEVEL_KEYS: usize = 1_024;
 /// The longest a model name may be in a key; longer ones are cut (clients choose them).
 const MODEL_MOST: usize = 128;
+/// What follows an upstream's name in its tenants' keys: `{upstream}:tenant:{tenant}`.
+const TENANT_PART: &str = "tenant:";
 
 /// An upstream, ready: its gate, its client, its metrics.
 pub struct Upstreamed {
@@ -131,7 +133,13 @@ fn key_fn(
                     .char_indices()
                     .nth(MODEL_MOST)
                     .map_or(model, |(at, _)| &model[..at]);
-                format!("{name}:{cut}")
+                // Clients choose model names: one that starts like a tenant's key
+                // (`{name}:tenant:...`) is moved aside, so that it can never be that key.
+                if cut.starts_with(TENANT_PART) {
+                    format!("{name}:model:{cut}")
+                } else {
+                    format!("{name}:{cut}")
+                }
             }
             None => name.clone(),
         }
@@ -234,7 +242,11 @@ impl Shared {
                 .cloned()
                 .collect();
             for key in keys {
-                let limits = if key.contains(":tenant:") {
+                let tenant_key = key
+                    .strip_prefix(upstream.name.as_str())
+                    .and_then(|rest| rest.strip_prefix(':'))
+                    .is_some_and(|rest| rest.starts_with(TENANT_PART));
+                let limits = if tenant_key {
                     upstream.tenant_limits.clone()
                 } else {
                     match &upstream.config.limits {
@@ -582,7 +594,7 @@ async fn metered(
     // and a tenant past its windows can't take the organization's line from the others.
     let mut tenant_permit = None;
     if let (Some(tenant), Some(limits)) = (&tenant, &upstream.tenant_limits) {
-        let key = format!("{}:tenant:{tenant}", upstream.name);
+        let key = format!("{}:{TENANT_PART}{tenant}", upstream.name);
         let limiter = match shared.registry.limiter(&key, limits) {
             Ok(limiter) => limiter,
             Err(err) => return refusal(family, &err, &upstream.metrics),

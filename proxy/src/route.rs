@@ -60,6 +60,21 @@ pub fn azure_deployment(path: &str) -> Option<(&str, &str)> {
     (!name.is_empty()).then_some((name, rest))
 }
 
+/// A dot, slash or backslash written so that this router sees a name and the upstream, once
+/// it decodes the path, sees a step up or another path: `/v1/%2e%2e/v1/chat/completions` must
+/// not pass unmetered to a server that normalizes it into a chat call.
+fn disguised(path: &str) -> bool {
+    let bytes = path.as_bytes();
+    bytes.contains(&b'\\')
+        || bytes.windows(3).any(|w| {
+            w[0] == b'%'
+                && matches!(
+                    (w[1], w[2].to_ascii_lowercase()),
+                    (b'2', b'e' | b'f') | (b'5', b'c')
+                )
+        })
+}
+
 /// Whether `path` is under `mount` at a segment boundary; the rest if so.
 fn under<'p>(path: &'p str, mount: &str) -> Option<&'p str> {
     let rest = path.strip_prefix(mount)?;
@@ -91,9 +106,15 @@ pub fn route(
     if !path.starts_with('/')
         || path.split('/').skip(1).any(|s| s == ".." || s == ".")
         || path.contains("//")
+        || disguised(path)
     {
         return Err(NoRoute::Malformed);
     }
+    // `/v1/chat/completions/` is the same call to servers that drop or redirect a final slash.
+    let path = match path.strip_suffix('/') {
+        Some(trimmed) if !trimmed.is_empty() => trimmed,
+        _ => path,
+    };
     // The longest mount that holds the path wins; among upstreams on it, the first that
     // meters the path.
     let longest = upstreams
@@ -222,6 +243,11 @@ mod tests {
             to("/voyage/v1/embeddings"),
             (4, Metered, s("/v1/embeddings"))
         );
+        // A final slash changes nothing, and is not forwarded.
+        assert_eq!(
+            to("/v1/chat/completions/?x=1"),
+            (0, Metered, s("/v1/chat/completions?x=1"))
+        );
         // Not metered anywhere: the first upstream on the mount takes it, unmetered.
         assert_eq!(to("/v1/models"), (0, Unmetered, s("/v1/models")));
         assert_eq!(to("/voyage/v1/rerank"), (4, Unmetered, s("/v1/rerank")));
@@ -248,6 +274,11 @@ mod tests {
             "v1/chat/completions",
             "*",
             "",
+            "/v1/%2e%2e/v1/chat/completions",
+            "/v1/%2E./admin",
+            "/v1%2fchat/completions",
+            "/v1/chat%5Ccompletions",
+            "/v1\\..\\admin",
         ] {
             assert_eq!(
                 route(&all, OtherPaths::Pass, bad),

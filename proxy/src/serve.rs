@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
@@ -16,6 +16,10 @@ use tollgate::{MemoryStore, Registry};
 
 use crate::config::Config;
 use crate::proxy::{Shared, StartError, handle};
+
+/// The longest a client may take to send a request's head (and, on a kept-alive connection,
+/// the next one's) before its connection is closed.
+const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A proxy bound to its address, not yet serving.
 pub struct Proxy {
@@ -68,7 +72,14 @@ impl Proxy {
     /// or the drain deadline passes.
     pub async fn serve(self, shutdown: impl Future<Output = ()>) -> Drained {
         let graceful = GracefulShutdown::new();
-        let builder = auto::Builder::new(TokioExecutor::new());
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        // Without a timer hyper enforces no header timeout: a client that sends half a head
+        // and waits would hold its connection (and a descriptor) for ever.
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEADER_READ_TIMEOUT);
+        builder.http2().timer(TokioTimer::new());
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
             let accepted = tokio::select! {

@@ -269,3 +269,39 @@ async fn a_client_that_leaves_mid_stream_settles_what_it_saw() {
     assert_eq!(cut, Some(1.0));
     still_serving(proxy.addr).await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_never_finishes_its_head_is_cut_off_after_30_seconds() {
+    let upstream = Scripted::start(|_, _| json_response(200, &[], &chat_answer(1, 1))).await;
+    let proxy = proxy(&small_proxy(&upstream.url(), "slow")).await;
+    let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+    stream
+        .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let mut out = Vec::new();
+    // The clock is paused: it jumps to the next timer whenever everything waits.
+    let closed = tokio::time::timeout(Duration::from_secs(60), stream.read_to_end(&mut out)).await;
+    assert!(closed.is_ok(), "the connection was still open after 60 s");
+    assert_eq!(started.elapsed(), Duration::from_secs(30));
+    assert_eq!(upstream.count.load(std::sync::atomic::Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_path_that_hides_a_step_up_in_percent_signs_is_refused() {
+    let upstream = Scripted::start(|_, _| json_response(200, &[], &chat_answer(1, 1))).await;
+    let proxy = proxy(&small_proxy(&upstream.url(), "hidden")).await;
+    let body = json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]});
+    for path in [
+        "/v1/%2e%2e/v1/chat/completions",
+        "/v1/%2E%2E/v1/chat/completions",
+        "/v1%2Fchat/completions",
+    ] {
+        let answer = post(proxy.addr, path, &body).await;
+        assert_eq!(answer.status, 400, "{path}");
+        assert_eq!(answer.json()["error"]["code"], "invalid_request", "{path}");
+    }
+    assert_eq!(upstream.count.load(std::sync::atomic::Ordering::SeqCst), 0);
+    still_serving(proxy.addr).await;
+}

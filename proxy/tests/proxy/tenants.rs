@@ -131,3 +131,50 @@ async fn virtual_keys_stand_for_the_real_key_which_never_leaves_the_proxy() {
     );
     assert!(!text.contains("vk-alice"));
 }
+
+#[tokio::test]
+async fn a_model_named_like_a_tenant_key_does_not_touch_that_tenants_windows() {
+    let upstream = Scripted::start(|_, _| json_response(200, &[], &chat_answer(3, 2))).await;
+    let proxy = proxy(&format!(
+        r#"
+        [tenants]
+        from = "header:x-team"
+        requests = "2/m"
+        [[upstream]]
+        name = "tk"
+        url = "{}"
+        profile = "openai"
+        requests = "100/m"
+        "#,
+        upstream.url()
+    ))
+    .await;
+    let chat = |model: &str| {
+        Bytes::from(
+            json!({"model": model, "messages": [{"role": "user", "content": "hi"}]}).to_string(),
+        )
+    };
+    let path = "/v1/chat/completions";
+    let team = [("x-team", "team-a")];
+    assert_eq!(
+        send(proxy.addr, path, &team, chat("gpt-4o")).await.status,
+        200
+    );
+    // Another client names the team's key as its model: "tk" + ":" + "tenant:team-a".
+    let other = [("x-team", "team-b")];
+    let hostile = send(proxy.addr, path, &other, chat("tenant:team-a")).await;
+    assert_eq!(hostile.status, 200, "{:?}", hostile.body);
+    assert_eq!(
+        send(proxy.addr, path, &team, chat("gpt-4o")).await.status,
+        200
+    );
+    let text = String::from_utf8(get(proxy.addr, "/metrics").await.body.to_vec()).unwrap();
+    let admitted = |key: &str| {
+        metric(
+            &text,
+            &format!(r#"tollgate_calls_admitted_total{{key="{key}"}}"#),
+        )
+    };
+    assert_eq!(admitted("tk:tenant:team-a"), Some(2.0), "{text}");
+    assert_eq!(admitted("tk:model:tenant:team-a"), Some(1.0), "{text}");
+}
