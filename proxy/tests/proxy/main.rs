@@ -4,6 +4,7 @@
 mod clients;
 mod common;
 mod hostile;
+mod readme;
 mod routes;
 mod service;
 mod tenants;
