@@ -153,7 +153,12 @@ fn layer_cost(c: &mut Criterion) {
         .into_parts()
         .0;
     let mut headers = http::HeaderMap::new();
-    headers.insert("x-ratelimit-remaining-tokens", "99999999".parse().unwrap());
+    // What the provider would say of limits this large: as much left as the windows hold (a
+    // smaller count would read as spending elsewhere, and the gate would wait for it).
+    headers.insert(
+        "x-ratelimit-remaining-tokens",
+        "1000000000000".parse().unwrap(),
+    );
     let reported = tollgate::http::Reported::read(REPLY, false);
     // Limits no loop of this speed can exhaust (the layered runs above are slower).
     let gate = Gate::builder(Profile::openai())

@@ -8,9 +8,10 @@ use std::sync::{Mutex, PoisonError};
 
 use crate::{Estimator, ImageRule, ToolOverheads};
 
-/// Texts shorter than this are counted every time: for them the count is about as cheap as a
-/// lookup.
-pub const CACHE_ABOVE: usize = 256;
+/// Texts shorter than this are counted every time. It is low: a byte-pair count of even a
+/// one-line system prompt costs several times a lookup (its encoder is set up per text), so
+/// short texts that come back with every call are worth keeping too.
+pub const CACHE_ABOVE: usize = 16;
 /// How many counts are kept, at most, per estimator.
 const CAPACITY: usize = 16_384;
 const SHARDS: usize = 8;
