@@ -105,9 +105,15 @@
 //!   and the bound hold across every process that shares the key, on the server's clock. A
 //!   dropped wait gives its ticket back (a call cut while its question is on the wire gives back
 //!   what the answer took); a ticket whose process died lapses one lease (1 s) after it was due.
-//!   When the server dies or stops, every waiter on the key learns it within about one store
-//!   timeout. Not shared across processes: the jitter of a waiter, and in-process pauses of a
-//!   [`MemoryStore`].
+//!   When the server dies or stops, every waiter on the key learns it within one and a half
+//!   liveness periods (5 s each by default, `RedisConfig::with_liveness`) and a store timeout,
+//!   or at its own turn if that comes first. Not shared across processes: the jitter of a waiter, and
+//!   in-process pauses of a [`MemoryStore`].
+//! - **Time in tests.** Waits sleep on tokio's timer. A [`MemoryStore`] reads the CPU's
+//!   counter, except one made on a runtime whose clock is paused
+//!   (`#[tokio::test(start_paused = true)]`): it follows tokio's clock, so the test drives its
+//!   windows too. A store made before the clock is paused follows it if made with
+//!   [`MemoryStore::on_tokio_clock`]; [`ManualClock`] moves only when told to.
 //!
 //! # Layers
 //!
