@@ -64,7 +64,9 @@
 //!
 //! Every call is bounded by the configured timeout: when Redis is down or stopped, the answer
 //! is [`Error::Unavailable`] with the cause, never a silent hang and never a silent admission,
-//! and every call waiting on the key learns it within about one timeout. The connection is
+//! and every call waiting on the key learns it at its own turn, or, if that is later, within
+//! one and a half [liveness](RedisConfig::with_liveness) periods and a timeout (a limiter
+//! whose waiters are quiet that long asks the server; 5 s by default). The connection is
 //! re-established in the background, and the script is reloaded after a `SCRIPT FLUSH` or a
 //! restart without the caller seeing it. With [`RedisConfig::fail_open`], an admission that
 //! finds Redis unreachable or timed out is granted with a warning instead; a reply that says no
