@@ -33,12 +33,17 @@ const ANSWER: &str = r#"{"id":"chatcmpl-bench","object":"chat.completion","creat
 const FIRST_EVENT: &str = "data: {\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":\"gpt-4o\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"ok\"},\"finish_reason\":null}]}\n\n";
 const LAST_EVENTS: &str = "data: {\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":\"gpt-4o\",\"choices\":[],\"usage\":{\"prompt_tokens\":230,\"completion_tokens\":1,\"total_tokens\":231}}\n\ndata: [DONE]\n\n";
 
-/// A chat body of about 1 KB.
+/// Numbers the bodies: every call's prompt is new, as in a real workload, so the estimator
+/// counts it instead of finding it in its cache.
+static CALLS: AtomicU64 = AtomicU64::new(0);
+
+/// A chat body of about 1 KB, its user prompt never sent before.
 fn chat_body(stream: bool) -> Bytes {
+    let n = CALLS.fetch_add(1, Ordering::Relaxed);
     let words = [
         "rate", "limits", "keep", "agents", "polite", "and", "calls", "cheap",
     ];
-    let mut text = String::new();
+    let mut text = format!("call {n}: ");
     let mut i = 0;
     while text.len() < 900 {
         text.push_str(words[i % words.len()]);
@@ -205,13 +210,12 @@ async fn load(
     each: usize,
     every: Option<Duration>,
 ) -> (Vec<u64>, u64, Duration) {
-    let body = chat_body(false);
     let errors = Arc::new(AtomicU64::new(0));
     let start = Arc::new(tokio::sync::Barrier::new(connections));
     let began = Arc::new(std::sync::OnceLock::new());
     let tasks: Vec<_> = (0..connections)
         .map(|i| {
-            let (body, errors, start) = (body.clone(), Arc::clone(&errors), Arc::clone(&start));
+            let (errors, start) = (Arc::clone(&errors), Arc::clone(&start));
             let began = Arc::clone(&began);
             tokio::spawn(async move {
                 let mut latencies = Vec::with_capacity(each);
@@ -236,8 +240,9 @@ async fn load(
                         sender = connect(addr).await;
                         continue;
                     }
+                    let request = chat_request(addr, &chat_body(false));
                     let sent = Instant::now();
-                    let ok = match s.send_request(chat_request(addr, &body)).await {
+                    let ok = match s.send_request(request).await {
                         Ok(response) => {
                             let status = response.status();
                             response.into_body().collect().await.is_ok() && status == 200
@@ -264,11 +269,12 @@ async fn load(
 }
 
 /// The time to the first byte of a stream's body, in microseconds.
-async fn first_byte(sender: &mut Sender, addr: SocketAddr, body: &Bytes) -> u64 {
+async fn first_byte(sender: &mut Sender, addr: SocketAddr) -> u64 {
     // The last stream's end may not have been processed by the connection yet.
     sender.ready().await.unwrap();
+    let request = chat_request(addr, &chat_body(true));
     let sent = Instant::now();
-    let response = sender.send_request(chat_request(addr, body)).await.unwrap();
+    let response = sender.send_request(request).await.unwrap();
     assert_eq!(response.status(), 200);
     let mut body = response.into_body();
     let mut first = None;
@@ -376,17 +382,16 @@ async fn main() {
     latency_row(upstream, proxy, 100, 200, None).await;
     latency_row(upstream, proxy, 1_000, 24, None).await;
 
-    let body = chat_body(true);
     let mut straight_sender = connect(upstream).await.unwrap();
     let mut through_sender = connect(proxy).await.unwrap();
     for _ in 0..50 {
-        first_byte(&mut straight_sender, upstream, &body).await;
-        first_byte(&mut through_sender, proxy, &body).await;
+        first_byte(&mut straight_sender, upstream).await;
+        first_byte(&mut through_sender, proxy).await;
     }
     let (mut straight, mut through) = (Vec::new(), Vec::new());
     for _ in 0..2_000 {
-        straight.push(first_byte(&mut straight_sender, upstream, &body).await);
-        through.push(first_byte(&mut through_sender, proxy, &body).await);
+        straight.push(first_byte(&mut straight_sender, upstream).await);
+        through.push(first_byte(&mut through_sender, proxy).await);
     }
     straight.sort_unstable();
     through.sort_unstable();
@@ -409,7 +414,7 @@ async fn main() {
     let (child, proxy) = start_proxy(upstream).await;
     let pid = child.0.id();
     // One stream first, so that the tokenizer and the pools are loaded before the count.
-    first_byte(&mut connect(proxy).await.unwrap(), proxy, &body).await;
+    first_byte(&mut connect(proxy).await.unwrap(), proxy).await;
     let before = rss_kib(pid);
     hold_tx.send_replace(true);
     let opened = Arc::new(tokio::sync::Barrier::new(1_001));
@@ -417,7 +422,7 @@ async fn main() {
     let streams: Vec<_> = (0..1_000)
         .map(|_| {
             let (body, opened, failures) =
-                (body.clone(), Arc::clone(&opened), Arc::clone(&failures));
+                (chat_body(true), Arc::clone(&opened), Arc::clone(&failures));
             tokio::spawn(async move {
                 let mut ok = false;
                 if let Some(mut sender) = connect(proxy).await
