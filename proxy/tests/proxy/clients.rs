@@ -16,6 +16,10 @@ use tollgate_testkit::provider::{self, Options, Provider};
 
 use crate::common::*;
 
+/// The SDK tests run one at a time: each starts Python or Node processes, and on two cores
+/// their start-up would otherwise land inside the timing of the 80-call run.
+static SDK_RUNS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Where the SDKs are.
 struct Clients {
     dir: PathBuf,
@@ -189,6 +193,7 @@ async fn both_sdks_chat_through_the_proxy_and_see_the_providers_headers() {
     let Some(clients) = clients("chat") else {
         return;
     };
+    let _alone = SDK_RUNS.lock().await;
     let (stand_in, proxy) = openai_stand_in("sdk-chat", ten_minutes()).await;
     let prompt = prompt_tokens();
     for (sdk, remaining) in [(Sdk::Python, "59"), (Sdk::Node, "58")] {
@@ -208,6 +213,7 @@ async fn both_sdks_read_a_stream_through_the_proxy_to_its_usage() {
     let Some(clients) = clients("stream") else {
         return;
     };
+    let _alone = SDK_RUNS.lock().await;
     let (stand_in, proxy) = openai_stand_in("sdk-stream", ten_minutes()).await;
     let prompt = prompt_tokens();
     for sdk in [Sdk::Python, Sdk::Node] {
@@ -243,6 +249,7 @@ async fn both_sdks_embed_through_the_proxy() {
     let Some(clients) = clients("embeddings") else {
         return;
     };
+    let _alone = SDK_RUNS.lock().await;
     let (stand_in, proxy) = openai_stand_in("sdk-embeddings", ten_minutes()).await;
     let input = provider::embedding_input(
         &json!({"input": ["rate limits keep agents polite", "calls cheap"]}),
@@ -262,6 +269,7 @@ async fn a_spent_quota_is_the_sdks_rate_limit_error_and_is_not_retried() {
     let Some(clients) = clients("permanent") else {
         return;
     };
+    let _alone = SDK_RUNS.lock().await;
     let (stand_in, proxy) = openai_stand_in("sdk-spent", ten_minutes().permanent()).await;
     let python = clients.run(Sdk::Python, proxy.addr, &["permanent"]).await;
     assert_eq!(python["error"], "RateLimitError", "{python}");
@@ -303,6 +311,7 @@ async fn the_sdks_own_retries_work_through_the_proxy() {
     let Some(clients) = clients("retries") else {
         return;
     };
+    let _alone = SDK_RUNS.lock().await;
     // The proxy retries no 429 itself here: the SDK sees each failure and retries it.
     let extra = r#"requests = "100/m"
         tokens = "100000/m"
@@ -347,6 +356,7 @@ async fn the_anthropic_sdk_sends_messages_plain_and_streamed() {
     let Some(clients) = clients("messages") else {
         return;
     };
+    let _alone = SDK_RUNS.lock().await;
     let (stand_in, proxy) = anthropic_stand_in(Options::anthropic(
         50,
         30_000,
@@ -371,6 +381,7 @@ async fn anthropics_spent_quota_is_the_sdks_rate_limit_error_and_is_not_retried(
     let Some(clients) = clients("messages-permanent") else {
         return;
     };
+    let _alone = SDK_RUNS.lock().await;
     let (stand_in, proxy) = anthropic_stand_in(
         Options::anthropic(50, 30_000, 8_000, Duration::from_secs(60)).permanent(),
     )
@@ -395,6 +406,7 @@ async fn eighty_calls_at_once_from_the_python_sdk_stay_inside_the_quota() {
     let Some(clients) = clients("burst") else {
         return;
     };
+    let _alone = SDK_RUNS.lock().await;
     let options = ten_seconds();
     let bodies = provider::chats(0, 80);
     let ideal = provider::ideal_seconds(&bodies, &options, 0.0);
