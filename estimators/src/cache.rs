@@ -10,8 +10,12 @@ use crate::{Estimator, ImageRule, ToolOverheads};
 
 /// Texts shorter than this are counted every time. It is low: a byte-pair count of even a
 /// one-line system prompt costs several times a lookup (its encoder is set up per text), so
-/// short texts that come back with every call are worth keeping too.
+/// short texts that come back with every call are worth keeping too. Texts shorter than
+/// [`LONG_FROM`] are kept apart, so that a stream of one-off short prompts never pushes a
+/// conversation's long messages out.
 pub const CACHE_ABOVE: usize = 16;
+/// Texts from this long are remembered apart from shorter ones.
+pub const LONG_FROM: usize = 256;
 /// How many counts are kept, at most, per estimator.
 const CAPACITY: usize = 16_384;
 const SHARDS: usize = 8;
@@ -54,7 +58,7 @@ impl Generations {
 /// An estimator whose counts of long texts are remembered.
 ///
 /// The same text is counted once; looking it up again costs a hash of it, far less than
-/// counting. Memory is bounded (about 16,000 counts), and no lock is held while counting, so
+/// counting. Memory is bounded (about 16,000 counts of long texts and as many of short ones), and no lock is held while counting, so
 /// concurrent counts of different texts don't wait for each other. The estimators that
 /// [`estimator`](crate::estimator) gives are cached this way.
 ///
@@ -69,7 +73,10 @@ impl Generations {
 pub struct Cached<E> {
     inner: E,
     keys: RandomState,
+    /// Texts from [`LONG_FROM`] bytes.
     shards: [Mutex<Generations>; SHARDS],
+    /// Shorter texts, in a cache of their own.
+    short: [Mutex<Generations>; SHARDS],
 }
 
 impl<E: Estimator> Cached<E> {
@@ -79,6 +86,7 @@ impl<E: Estimator> Cached<E> {
             inner,
             keys: RandomState::new(),
             shards: Default::default(),
+            short: Default::default(),
         }
     }
 
@@ -113,7 +121,12 @@ impl<E: Estimator> Estimator for Cached<E> {
             return self.inner.count(text);
         }
         let key = self.fingerprint(text);
-        let shard = &self.shards[(key.hash as usize) % SHARDS];
+        let shards = if text.len() < LONG_FROM {
+            &self.short
+        } else {
+            &self.shards
+        };
+        let shard = &shards[(key.hash as usize) % SHARDS];
         if let Some(count) = shard
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -136,5 +149,52 @@ impl<E: Estimator> Estimator for Cached<E> {
 
     fn image_rule(&self) -> ImageRule {
         self.inner.image_rule()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// Counts words, and how many times it was asked.
+    #[derive(Debug, Default)]
+    struct Asked(AtomicUsize);
+
+    impl Estimator for Asked {
+        fn name(&self) -> &str {
+            "asked"
+        }
+
+        fn count(&self, text: &str) -> usize {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            text.split_whitespace().count()
+        }
+    }
+
+    #[test]
+    fn one_off_short_prompts_never_push_long_messages_out() {
+        let cached = Cached::new(Asked::default());
+        let conversation: Vec<String> = (0..40)
+            .map(|i| format!("message {i} ").repeat(100))
+            .collect();
+        for message in &conversation {
+            cached.count(message);
+        }
+        // Far more one-off short prompts than the cache holds.
+        for i in 0..(2 * CAPACITY) {
+            cached.count(&format!("a short prompt, number {i}"));
+        }
+        let before = cached.inner().0.load(Ordering::Relaxed);
+        for message in &conversation {
+            cached.count(message);
+        }
+        assert_eq!(cached.inner().0.load(Ordering::Relaxed), before);
+        // A short text that comes back is found too.
+        let prompt = "Answer in one line.";
+        cached.count(prompt);
+        cached.count(prompt);
+        assert_eq!(cached.inner().0.load(Ordering::Relaxed), before + 1);
     }
 }

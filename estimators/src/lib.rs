@@ -53,7 +53,7 @@ mod tiktoken;
 mod voyage;
 mod words;
 
-pub use cache::{CACHE_ABOVE, Cached};
+pub use cache::{CACHE_ABOVE, Cached, LONG_FROM};
 pub use extract::{
     Billing, Estimate, ExtractError, ImageRule, ImageSize, ToolOverheads, estimate, estimate_with,
     tally, tally_with, text_len,

@@ -471,19 +471,25 @@ impl<S: Store> Limiter<S> {
     /// them. Fails at once for a cost no window can take ([`Error::CostExceedsCapacity`],
     /// [`Error::InvalidCost`]) and for store errors.
     pub async fn try_acquire(&self, cost: Cost) -> Result<Attempt<S>, Error> {
-        let op = Op::Acquire {
+        let op = || Op::Acquire {
             cost,
             max_wait: Some(Duration::ZERO),
             fly: false,
         };
         // The store checks the cost; a call that never waits reads no clock of its own. A
-        // store that answers at once (memory) never builds the bounded call: boxed, it keeps
-        // this future a few words long instead of the few hundred bytes of a timer and a
-        // store call, which every admission would otherwise move.
-        let outcome = match self.inner.store.apply_now(&self.inner.bound, op.clone()) {
-            Some(answer) => answer?,
-            None => Box::pin(self.call_bounded(op)).await?,
-        };
+        // store that answers at once (memory) returns before any `.await`, so that nothing of
+        // its answer is kept in this future; the bounded call is boxed: it keeps the future a
+        // few words long instead of the few hundred bytes of a timer and a store call, which
+        // every admission would otherwise move.
+        if let Some(answer) = self.inner.store.apply_now(&self.inner.bound, op()) {
+            return self.attempt(cost, answer?);
+        }
+        let outcome = Box::pin(self.call_bounded(op())).await?;
+        self.attempt(cost, outcome)
+    }
+
+    /// What a store's answer to a call that never waits means for the caller.
+    fn attempt(&self, cost: Cost, outcome: Outcome) -> Result<Attempt<S>, Error> {
         match outcome {
             Outcome::Admitted => Ok(Attempt::Admitted(self.admitted(cost, Duration::ZERO, None))),
             Outcome::NotYet(hint) => Ok(Attempt::NotYet(hint)),
