@@ -2,7 +2,7 @@
 //!
 //! The in-process store reads the CPU's counter through `quanta` (a few nanoseconds, where the
 //! system's monotonic clock costs tens on some machines), except on a runtime whose clock is
-//! paused when the store is made: there it follows `tokio::time::Instant`, so that
+//! paused at the store's first operation: there it follows `tokio::time::Instant`, so that
 //! `tokio::time::pause()` (`#[tokio::test(start_paused = true)]`) drives every window and every
 //! wait in tests. [`ManualClock`] is moved by hand, for tests of the arithmetic that want exact
 //! instants. Waits are measured from the store's answers (how long until a call is due), so
@@ -17,6 +17,9 @@ use crate::bucket::Nanos;
 /// A source of monotonic time for a store.
 #[derive(Debug, Clone)]
 pub(crate) enum Clock {
+    /// [`Clock::detect`]'s choice, made at the first reading that needs it, so that a store
+    /// made before a test pauses tokio's clock (or outside the runtime) still follows it.
+    Detect(std::sync::OnceLock<Box<Clock>>),
     /// The CPU's counter, in nanoseconds from its reading when the clock was made.
     Fast {
         /// The counter and its calibration.
@@ -61,6 +64,7 @@ impl Clock {
     #[inline]
     pub(crate) fn now(&self) -> Nanos {
         match self {
+            Clock::Detect(chosen) => chosen.get_or_init(|| Box::new(Clock::detect())).now(),
             Clock::Fast { clock, origin } => {
                 Nanos(TOKIO_BIAS.saturating_add(clock.delta_as_nanos(*origin, clock.raw())))
             }
@@ -74,6 +78,18 @@ impl Clock {
                 })
             }
             Clock::Manual(manual) => manual.now(),
+        }
+    }
+}
+
+impl Clock {
+    /// The time, without choosing a clock yet: a clock not yet chosen is at its origin. For
+    /// what may run before the store's first operation (binding a key, counting keys), where
+    /// the origin is as good as any time: a new key's windows are full either way.
+    pub(crate) fn peek(&self) -> Nanos {
+        match self {
+            Clock::Detect(chosen) => chosen.get().map_or(Nanos(TOKIO_BIAS), |clock| clock.now()),
+            other => other.now(),
         }
     }
 }

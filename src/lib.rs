@@ -110,10 +110,11 @@
 //!   or at its own turn if that comes first. Not shared across processes: the jitter of a waiter, and
 //!   in-process pauses of a [`MemoryStore`].
 //! - **Time in tests.** Waits sleep on tokio's timer. A [`MemoryStore`] reads the CPU's
-//!   counter, except one made on a runtime whose clock is paused
-//!   (`#[tokio::test(start_paused = true)]`): it follows tokio's clock, so the test drives its
-//!   windows too. A store made before the clock is paused follows it if made with
-//!   [`MemoryStore::on_tokio_clock`]; [`ManualClock`] moves only when told to.
+//!   counter, except one whose first call runs on a runtime whose clock is paused
+//!   (`#[tokio::test(start_paused = true)]`, or `tokio::time::pause()` before the first call):
+//!   it follows tokio's clock, so the test drives its windows too. A store first used before
+//!   the clock is paused follows it if made with [`MemoryStore::on_tokio_clock`];
+//!   [`ManualClock`] moves only when told to.
 //!
 //! # Layers
 //!

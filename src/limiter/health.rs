@@ -95,7 +95,10 @@ impl<S: Store> Limiter<S> {
         }
         let weak = Arc::downgrade(&self.inner);
         let interval = health.interval;
-        tokio::spawn(async move {
+        // A runtime that shuts down drops this task while it sleeps: the flag must not stay
+        // set then, or no later waiter (on another runtime) would start a watchdog.
+        let rearm = Rearm(Some(weak.clone()));
+        let watch = async move {
             loop {
                 tokio::time::sleep(interval).await;
                 let Some(inner) = weak.upgrade() else { return };
@@ -119,6 +122,30 @@ impl<S: Store> Limiter<S> {
                 let result = inner.store.apply(&inner.bound, Op::Ping).await;
                 inner.note(&result);
             }
+        };
+        tokio::spawn(async move {
+            watch.await;
+            // Ended by itself: the flag is as the loop left it.
+            rearm.disarm();
         });
+    }
+}
+
+/// Clears the watchdog flag of a limiter whose watchdog was dropped before it ended.
+struct Rearm<S: Store>(Option<std::sync::Weak<Inner<S>>>);
+
+impl<S: Store> Rearm<S> {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl<S: Store> Drop for Rearm<S> {
+    fn drop(&mut self) {
+        if let Some(inner) = self.0.take().and_then(|weak| weak.upgrade())
+            && let Some(health) = inner.health()
+        {
+            health.watchdog.store(false, Ordering::Release);
+        }
     }
 }

@@ -106,12 +106,16 @@ impl Default for MemoryStore {
 impl MemoryStore {
     /// A store on the CPU's counter (read through `quanta`: a few nanoseconds a reading).
     ///
-    /// Made on a tokio runtime whose clock is paused (`#[tokio::test(start_paused = true)]`),
-    /// it follows tokio's clock instead, so that the test drives its windows and waits. A store
-    /// made before the clock is paused, or shared by tests that pause and tests that don't,
-    /// should be made with [`on_tokio_clock`](MemoryStore::on_tokio_clock).
+    /// The clock is chosen at the store's first operation on a key (binding one doesn't
+    /// count): if that runs on a tokio runtime whose clock is paused
+    /// (`#[tokio::test(start_paused = true)]`, or `tokio::time::pause()` before the first
+    /// call), the store follows tokio's clock for good, so that the test drives its windows
+    /// and waits. A store first used before the clock is paused, or shared by tests that pause
+    /// and tests that don't, should be made with
+    /// [`on_tokio_clock`](MemoryStore::on_tokio_clock). The first store of a process also
+    /// calibrates the counter against the system's clock, once (a few milliseconds).
     pub fn new() -> MemoryStore {
-        MemoryStore::on(Clock::detect())
+        MemoryStore::on(Clock::Detect(std::sync::OnceLock::new()))
     }
 
     /// A store that follows `tokio::time::Instant`, paused or not: what `tokio::time::pause()`
@@ -162,7 +166,7 @@ impl MemoryStore {
     pub fn manual_clock(&self) -> Option<&ManualClock> {
         match &self.inner.clock {
             Clock::Manual(manual) => Some(manual),
-            Clock::Tokio(_) | Clock::Fast { .. } => None,
+            _ => None,
         }
     }
 
@@ -189,7 +193,7 @@ impl MemoryStore {
     /// paused, or with calls waiting. Other keys may still be in memory until their shard is
     /// next swept.
     pub fn len(&self) -> usize {
-        let now = self.inner.clock.now();
+        let now = self.inner.clock.peek();
         self.inner
             .shards
             .iter()
@@ -210,7 +214,7 @@ impl MemoryStore {
 
     /// Forgets every key that nobody holds and whose state is that of a fresh one.
     pub fn sweep(&self) {
-        let now = self.inner.clock.now();
+        let now = self.inner.clock.peek();
         for shard in self.inner.shards.iter() {
             let mut shard = lock(shard);
             shard.sweep_at = 0;
@@ -313,7 +317,7 @@ impl Store for MemoryStore {
     type Key = MemoryKey;
 
     fn bind(&self, key: &str, limits: &Limits) -> Result<MemoryKey, Error> {
-        let now = self.inner.clock.now();
+        let now = self.inner.clock.peek();
         let mut shard = self.shard(key);
         if let Some(entry) = shard.entries.get(key) {
             if entry.limits.same(limits) {

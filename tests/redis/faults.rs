@@ -108,3 +108,53 @@ fn no_call_outlives_its_deadline_when_the_server_stops() {
         assert_eq!(left, 9, "the call that was cut took something");
     });
 }
+
+/// A limiter whose watchdog was sleeping when its runtime shut down (a `block_on` per request,
+/// a runtime per test) still gets one on the next runtime: a waiter due in 10 s learns that
+/// the server stopped within its timeouts, not at its turn.
+#[test]
+fn a_watchdog_dropped_with_its_runtime_is_replaced_on_the_next() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let config = RedisConfig::default()
+        .with_timeout(STORE_TIMEOUT)
+        .with_liveness(STORE_TIMEOUT / 2);
+    let limiter = runtime().block_on(async {
+        let store = RedisStore::connect_with(&server.url(), config)
+            .await
+            .unwrap();
+        Limiter::new("rearmed", Limits::parse("1/10s", "").unwrap(), store).unwrap()
+    });
+    // A waiter on a first runtime, which is dropped while it (and the watchdog) sleep.
+    let first = runtime();
+    first.block_on(async {
+        limiter.acquire(Cost::call(0)).await.unwrap();
+        let waiting = limiter.clone();
+        tokio::spawn(async move { waiting.acquire_timeout(Cost::call(0), None).await });
+        while limiter.waiters() < 1 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    drop(first);
+    let last = runtime().block_on(async {
+        let waiting = limiter.clone();
+        let waiter =
+            tokio::spawn(async move { waiting.acquire_timeout(Cost::call(0), None).await });
+        while limiter.waiters() < 1 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        server.pause();
+        let stopped = Instant::now();
+        let result = waiter.await.unwrap();
+        assert!(
+            matches!(result, Err(Error::Unavailable { .. })),
+            "the waiter got {result:?}"
+        );
+        stopped.elapsed()
+    });
+    assert!(
+        last <= 2 * STORE_TIMEOUT,
+        "the waiter failed after {last:?}"
+    );
+}
