@@ -17,6 +17,7 @@
 //! D the debt in the window's units), with Σ the usage reported for the calls answered, plus
 //! the estimate of each call still in flight (whose shortfall is not known yet).
 
+use crate::parts;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -115,14 +116,6 @@ fn chat(words: usize, reserve: u64) -> Vec<u8> {
     })
     .to_string()
     .into_bytes()
-}
-
-fn parts() -> http::request::Parts {
-    http::Request::post("http://provider.invalid/v1/chat/completions")
-        .body(())
-        .unwrap()
-        .into_parts()
-        .0
 }
 
 fn headers(remaining: &[Header; 2], pause: Option<u64>) -> HeaderMap {

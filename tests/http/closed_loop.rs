@@ -2,6 +2,7 @@
 //! budgets below the provider's limits, several processes on one store, a provider that
 //! exaggerates. Driven by hand on tokio's paused clock, every level exact.
 
+use crate::{chat, parts};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,22 +12,6 @@ use tollgate::http::{Call, Gate, Profile, Reported};
 use tollgate::{Currency, Error, Limits, MemoryStore, Registry};
 
 const MODEL: &str = "openai:gpt-4o";
-
-fn chat(words: usize, max_tokens: u64) -> Value {
-    json!({
-        "model": "gpt-4o",
-        "max_tokens": max_tokens,
-        "messages": [{"role": "user", "content": vec!["word"; words].join(" ")}],
-    })
-}
-
-fn parts() -> http::request::Parts {
-    http::Request::post("http://provider.invalid/v1/chat/completions")
-        .body(())
-        .unwrap()
-        .into_parts()
-        .0
-}
 
 async fn send(gate: &Gate, body: &Value) -> Call {
     let mut call = gate

@@ -1,6 +1,7 @@
 //! The sans-IO gate, driven by hand on an in-memory store and tokio's paused clock: exact
 //! levels after header sync, settlement and 429s, with calls in flight.
 
+use crate::{chat, parts};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,22 +16,6 @@ fn gate(registry: &Arc<Registry>) -> Gate {
         .registry(Arc::clone(registry))
         .build()
         .unwrap()
-}
-
-fn chat(words: usize, max_tokens: u64) -> Value {
-    json!({
-        "model": "gpt-4o",
-        "max_tokens": max_tokens,
-        "messages": [{"role": "user", "content": vec!["word"; words].join(" ")}],
-    })
-}
-
-fn parts() -> http::request::Parts {
-    http::Request::post("http://provider.invalid/v1/chat/completions")
-        .body(())
-        .unwrap()
-        .into_parts()
-        .0
 }
 
 async fn admit(gate: &Gate, body: &Value) -> Call {

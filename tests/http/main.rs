@@ -11,3 +11,23 @@ mod hostile;
 mod reqwest_middleware;
 #[cfg(feature = "tower")]
 mod tower;
+
+use serde_json::{Value, json};
+
+/// A chat of `words` words asking for up to `max_tokens`: what most gate tests send.
+fn chat(words: usize, max_tokens: u64) -> Value {
+    json!({
+        "model": "gpt-4o",
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": vec!["word"; words].join(" ")}],
+    })
+}
+
+/// The head of a chat call to OpenAI.
+fn parts() -> http::request::Parts {
+    http::Request::post("http://provider.invalid/v1/chat/completions")
+        .body(())
+        .unwrap()
+        .into_parts()
+        .0
+}
