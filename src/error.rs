@@ -164,6 +164,14 @@ pub enum Error {
         problems: Vec<String>,
     },
 
+    /// A request body the HTTP gate can't read to meter it (a `content-encoding` it doesn't
+    /// know, a body that decodes past its limit, or one that is not what its encoding says).
+    /// Nothing was charged or sent: send the body plain, or smaller.
+    #[cfg(feature = "http")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+    #[error(transparent)]
+    Body(#[from] crate::http::BodyError),
+
     /// The token estimate could not be made.
     #[error("estimator: {message}")]
     Estimator {

@@ -402,9 +402,11 @@ pub struct SyncArgs {
     /// Per currency, true: the margin applies only where the count of a call the key
     /// remembers finds more spending elsewhere than has been corrected.
     pub margin_if_above: [bool; 3],
-    /// The answer was a 429: the provider counted nothing of the call, so what it was charged
-    /// here comes back, and it is done.
-    pub refused: bool,
+    /// The answer was a 429 (`Some`), and the call is done: what it was charged in the
+    /// currencies given here comes back, since the provider counted nothing of it there (OpenAI
+    /// and Gemini count a refused request against the request limit, so a gate following them
+    /// gives back its tokens but not its request).
+    pub refused: Option<crate::Currencies>,
 }
 
 /// What a header sync ([`Op::Sync`](crate::store::Op::Sync)) found and did. Per-currency

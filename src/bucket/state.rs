@@ -463,16 +463,27 @@ impl KeyState {
             .as_deref()
             .and_then(|f| f.find(args.flight).map(|i| (i, f.list[i], f.close_to(i))));
         let ambiguous = found.is_none_or(|(_, _, (_, ambiguous))| ambiguous);
-        if args.refused {
-            // The provider refused the call and counted nothing of it: what it was charged
-            // here comes back, and it is done (an adapter that retries admits it again).
-            let charged = found.map_or(per_currency(args.charged), |(_, f, _)| f.charged);
+        let back = args.refused.unwrap_or(crate::Currencies::NONE);
+        if args.refused.is_some() {
+            // The provider refused the call and counted nothing of it in the currencies it
+            // gives back: what it was charged there comes back, and it is done (an adapter
+            // that retries admits it again).
+            let mut charged = found.map_or(per_currency(args.charged), |(_, f, _)| f.charged);
+            for c in Currency::ALL {
+                if !back.contains(c) {
+                    charged[index(c)] = 0;
+                }
+            }
             self.apply(
                 limits,
                 Delta::from_array(charged.map(|c| clamp_i64(i128::from(c)))),
             );
             if let (Some(flights), Some((i, _, _))) = (self.flights.as_deref_mut(), found) {
-                flights.list[i].charged = [0; 3];
+                for c in Currency::ALL {
+                    if back.contains(c) {
+                        flights.list[i].charged[index(c)] = 0;
+                    }
+                }
                 flights.list[i].done = true;
             }
         }
@@ -498,9 +509,10 @@ impl KeyState {
                 }
                 continue;
             };
-            // The call's own charge is in its record; a refused call is not in the count.
+            // The call's own charge is in its record; a refused call is not in the count where
+            // the provider gave it back.
             let mut held = flight.level[i];
-            if args.refused {
+            if back.contains(c) {
                 held -= w.units_capped(flight.charged[i]);
             }
             // What was spent elsewhere if the provider counted the calls in the order they went
@@ -550,7 +562,7 @@ impl KeyState {
             }
         }
         let since = found.map_or(0, |(_, f, _)| now.0 - f.at.0);
-        if args.refused
+        if args.refused.is_some()
             && let Some(flights) = self.flights.as_deref_mut()
         {
             flights.prune(now);

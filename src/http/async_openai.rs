@@ -35,6 +35,7 @@ use std::task::{Context, Poll};
 use async_openai::error::OpenAIError;
 use async_openai::middleware::HttpRequestFactory;
 
+use super::attempt::Attempts;
 use super::reqwest::{Failure, Then, after, bytes_of, head_of};
 
 // One layer and one service for every tower stack: `GateService` also speaks async-openai's
@@ -79,30 +80,42 @@ where
                 (head_of(&request), bytes_of(&request))
             };
             // Every attempt shares the deadline of the first admission.
-            let started = tokio::time::Instant::now();
-            let deadline = gate.deadline();
-            let mut attempt = 0;
+            let mut attempts = Attempts::new(&gate, &head, &bytes).map_err(|e| told(e.into()))?;
             loop {
-                let mut call = gate
-                    .admit_until(&head, &bytes, deadline)
-                    .await
-                    .map_err(|e| told(e.into()))?;
-                if attempt > 0 {
+                let mut call = attempts.admit().await.map_err(|e| told(e.into()))?;
+                if attempts.retried() > 0 {
                     std::future::poll_fn(|cx| inner.poll_ready(cx))
                         .await
                         .map_err(Into::into)?;
                 }
-                call.sending();
-                let response = inner.call(factory.clone()).await.map_err(Into::into)?;
-                match after(&gate, call, response, attempt, true, deadline, started)
-                    .await
-                    .map_err(told)?
-                {
-                    Then::Done(response) => return Ok(response),
-                    Then::Retry(delay) => {
-                        tokio::time::sleep(delay).await;
-                        attempt += 1;
+                // The body the gate rewrote goes out in each request the factory builds.
+                let factory = match call.body().cloned() {
+                    Some(body) => {
+                        let original = factory.clone();
+                        let call_headers = {
+                            let mut headers = http::HeaderMap::new();
+                            call.rewrite_headers(&mut headers);
+                            headers
+                        };
+                        HttpRequestFactory::new(move || {
+                            let (original, body, headers) =
+                                (original.clone(), body.clone(), call_headers.clone());
+                            async move {
+                                let mut request = original.build().await?;
+                                request.headers_mut().remove(http::header::CONTENT_ENCODING);
+                                request.headers_mut().extend(headers);
+                                *request.body_mut() = Some(reqwest::Body::from(body));
+                                Ok(request)
+                            }
+                        })
                     }
+                    None => factory.clone(),
+                };
+                call.sending();
+                let response = inner.call(factory).await.map_err(Into::into)?;
+                match after(&mut attempts, call, response).await.map_err(told)? {
+                    Then::Done(response) => return Ok(response),
+                    Then::Retry(delay) => tokio::time::sleep(delay).await,
                 }
             }
         })

@@ -5,12 +5,13 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 
+use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
 use super::foreign::start_charger;
-use super::gate::{Gate, LimitsFrom};
+use super::gate::{Estimated, Gate, LimitsFrom};
 use super::keys::Keyed;
 use super::usage::{Reported, error_detail};
 use super::verdict::Verdict;
@@ -30,6 +31,17 @@ pub struct Call {
     _learning: Option<OwnedSemaphorePermit>,
     stream: bool,
     sent: Option<Instant>,
+    /// What the gate estimated: input tokens, and the most output the call may write.
+    input: u64,
+    most_output: u64,
+    /// Whether the request named its `max_tokens` (the provider writes no more).
+    explicit: bool,
+    model: Option<String>,
+    /// The body to send in place of the caller's, when the gate changed it.
+    send: Option<Bytes>,
+    usage_added: bool,
+    /// Other windows the call was charged in (a tenant's), settled with the same usage.
+    extras: Vec<Permit>,
 }
 
 impl fmt::Debug for Call {
@@ -44,10 +56,13 @@ impl fmt::Debug for Call {
 
 impl Drop for Call {
     fn drop(&mut self) {
-        if self.sent.is_none()
-            && let Some(permit) = self.permit.take()
-        {
-            permit.give_back();
+        if self.sent.is_none() {
+            if let Some(permit) = self.permit.take() {
+                permit.give_back();
+            }
+            for permit in self.extras.drain(..) {
+                permit.give_back();
+            }
         }
     }
 }
@@ -117,15 +132,84 @@ impl Call {
         state: Arc<Keyed>,
         permit: Option<Permit>,
         learning: Option<OwnedSemaphorePermit>,
-        stream: bool,
+        estimated: &Estimated,
     ) -> Call {
         Call {
             gate,
             state,
             permit,
             _learning: learning,
-            stream,
+            stream: estimated.stream,
             sent: None,
+            input: estimated.input,
+            most_output: estimated.output,
+            explicit: estimated.explicit,
+            model: estimated.model.clone(),
+            send: estimated.send.clone(),
+            usage_added: estimated.usage_added,
+            extras: Vec::new(),
+        }
+    }
+
+    /// The body to send in place of the caller's, when the gate changed it (decoded from its
+    /// `content-encoding`, or asking a stream for its usage): send it without
+    /// `content-encoding`, with its own length. `None`: send the caller's bytes.
+    pub fn body(&self) -> Option<&Bytes> {
+        self.send.as_ref()
+    }
+
+    /// Fixes the request's headers for the body the gate rewrote ([`body`](Call::body)): no
+    /// `content-encoding`, and the new body's `content-length`. Does nothing when the body
+    /// was not rewritten.
+    pub fn rewrite_headers(&self, headers: &mut HeaderMap) {
+        if let Some(body) = &self.send {
+            headers.remove(http::header::CONTENT_ENCODING);
+            headers.insert(
+                http::header::CONTENT_LENGTH,
+                http::HeaderValue::from(body.len()),
+            );
+        }
+    }
+
+    /// True when the gate asked the stream for its usage (`stream_options.include_usage`) on
+    /// the caller's behalf: [`Metered`](super::Metered) takes that extra chunk out of the
+    /// stream before the caller reads it.
+    pub fn usage_added(&self) -> bool {
+        self.usage_added
+    }
+
+    /// The body's `model`, if it named one.
+    pub fn model(&self) -> Option<&str> {
+        self.model.as_deref()
+    }
+
+    /// The input tokens the gate estimated.
+    pub fn input_tokens(&self) -> u64 {
+        self.input
+    }
+
+    /// Charges the call in other windows too (a tenant's): `permit` is settled with the same
+    /// usage when the call settles, given back if the call is dropped before it is sent, and
+    /// kept as charged if it is dropped after.
+    pub fn attach(&mut self, permit: Permit) {
+        self.extras.push(permit);
+    }
+
+    /// Takes back the permits [`attach`](Call::attach)ed (to attach them to the next attempt).
+    pub fn detach(&mut self) -> Vec<Permit> {
+        std::mem::take(&mut self.extras)
+    }
+
+    /// What the call was charged for its output up front (its reservation, as far as the
+    /// windows took it).
+    fn reserved_charged(&self) -> u64 {
+        let Some(cost) = self.cost() else {
+            return self.most_output;
+        };
+        match self.gate.inner.profile.output {
+            super::OutputTo::Tokens => cost.tokens.saturating_sub(self.input),
+            super::OutputTo::OutputTokens => cost.output_tokens,
+            super::OutputTo::Nowhere => 0,
         }
     }
 
@@ -144,6 +228,11 @@ impl Call {
     /// the call's admission as the instant it went out, for every process.)
     pub fn sending(&mut self) {
         self.sent = Some(Instant::now());
+    }
+
+    /// The estimator of the gate that admitted the call.
+    pub(super) fn gate_estimator(&self) -> Arc<dyn tollgate_estimators::Estimator> {
+        self.gate.estimator()
     }
 
     /// True when the request asked for a stream (`"stream": true`): its usage comes in
@@ -192,11 +281,12 @@ impl Call {
         let refused = status == StatusCode::TOO_MANY_REQUESTS;
         if let Some(limiter) = self.limiter() {
             match self.sync(&limiter, &read, refused).await {
-                // The provider counted nothing of a refused call: the sync gave its charge
-                // back.
+                // The provider counted a refused call only where its rules say: the sync gave
+                // the rest of its charge back.
                 Ok(()) if refused => {
+                    let back = gate.profile.refusal_returns();
                     if let Some(permit) = self.permit.as_mut() {
-                        permit.refused();
+                        permit.refused(back);
                     }
                 }
                 Ok(()) => {}
@@ -210,9 +300,12 @@ impl Call {
             return Verdict::Passed;
         }
         let (code, message, _) = error_body.map(error_detail).unwrap_or_default();
-        let pause = retry_pause(headers, now);
-        let said_when =
-            headers.contains_key("retry-after") || headers.contains_key("retry-after-ms");
+        // Gemini says when only in its body (`RetryInfo.retryDelay`).
+        let pause = retry_pause(headers, now)
+            .or_else(|| error_body.and_then(crate::headers::retry_info_delay));
+        let said_when = headers.contains_key("retry-after")
+            || headers.contains_key("retry-after-ms")
+            || pause.is_some();
         let permanent = code
             .as_deref()
             .is_some_and(|c| gate.profile.permanent_codes.iter().any(|p| p == c))
@@ -282,7 +375,7 @@ impl Call {
         let mut args = SyncArgs {
             flight: self.permit.as_ref().and_then(Permit::flight).unwrap_or(0),
             charged: self.cost().unwrap_or_default(),
-            refused,
+            refused: refused.then(|| gate.profile.refusal_returns()),
             ..SyncArgs::default()
         };
         for header in read {
@@ -400,15 +493,113 @@ impl Call {
     /// Settles the call with the usage its response reported: a refund for an overestimate;
     /// for an underestimate, a charge, less what a header sync or a 429 that counted this call
     /// already took off the windows (never more than it took). Answers the usage settled.
+    ///
+    /// A response that reported no output count is settled with the output counted from the
+    /// text it generated ([`Reported::generated`]), and its input estimate. Usage no request
+    /// could have produced (more output than its `max_tokens`, or more than a whole window's
+    /// burst) is cut to that bound, with a warning and `tollgate_usage_clamped_total`.
     pub async fn finish(mut self, reported: Reported) -> Result<Usage, Error> {
         self.sent.get_or_insert_with(Instant::now);
-        let Some(permit) = self.permit.take() else {
-            return Ok(Usage::default());
-        };
-        let usage = reported.usage(&self.gate.inner.profile, permit.limiter().limits());
-        permit.settle_usage(usage).await?;
-        Ok(usage)
+        let mut reported = reported;
+        if reported.output.is_none()
+            && reported.total.is_none()
+            && let Some(generated) = reported.generated
+        {
+            reported.output = Some(generated);
+            reported.input = reported.input.or(Some(self.input));
+        }
+        let extras = std::mem::take(&mut self.extras);
+        let mut settled = Ok(Usage::default());
+        if let Some(permit) = self.permit.take() {
+            let usage = self.clamped(&reported, permit.limiter());
+            settled = permit.settle_usage(usage).await.map(|_| usage);
+        }
+        for permit in extras {
+            let usage = self.clamped(&reported, permit.limiter());
+            let key = permit_key(&permit).to_owned();
+            if let Err(err) = permit.settle_usage(usage).await {
+                tracing::warn!(%key, error = %err, "could not settle a call's other windows");
+            }
+        }
+        settled
     }
+
+    /// Settles a call whose response ended before its end (the caller went away, or the
+    /// upstream broke off): the reservation stands, unless more was generated than it held
+    /// (as far as the response was read), which is then charged. Never less than was
+    /// generated, as far as anyone saw.
+    pub async fn finish_cut(mut self, reported: Reported) -> Result<Usage, Error> {
+        self.sent.get_or_insert_with(Instant::now);
+        let seen = reported
+            .output
+            .unwrap_or(0)
+            .max(reported.generated.unwrap_or(0));
+        if seen <= self.reserved_charged() {
+            // Dropped after sending: every window keeps what it was charged.
+            return Ok(Usage::default());
+        }
+        let mut reported = reported;
+        reported.output = Some(seen);
+        reported.total = None;
+        reported.input = reported.input.or(Some(self.input));
+        self.finish(reported).await
+    }
+
+    /// `reported` as usage for `limiter`'s windows, cut to what the request could have
+    /// produced.
+    fn clamped(&self, reported: &Reported, limiter: &Limiter) -> Usage {
+        let profile = &self.gate.inner.profile;
+        let limits = limiter.limits();
+        let largest = |currency: Currency| {
+            limits
+                .of(currency)
+                .as_slice()
+                .iter()
+                .map(|r| r.burst())
+                .max()
+        };
+        let input_most = largest(Currency::Tokens).unwrap_or(u64::MAX);
+        let window_output = match profile.output {
+            super::OutputTo::OutputTokens => largest(Currency::OutputTokens),
+            _ => largest(Currency::Tokens),
+        }
+        .unwrap_or(u64::MAX);
+        let output_most = if self.explicit {
+            self.most_output
+        } else {
+            self.most_output.max(window_output)
+        };
+        let mut cut = *reported;
+        let mut clamped = false;
+        let mut bound = |slot: &mut Option<u64>, most: u64| {
+            if let Some(value) = slot
+                && *value > most
+            {
+                *value = most;
+                clamped = true;
+            }
+        };
+        bound(&mut cut.input, input_most);
+        bound(&mut cut.cache_write, input_most);
+        bound(&mut cut.cache_read, input_most);
+        bound(&mut cut.output, output_most);
+        bound(&mut cut.total, input_most.saturating_add(output_most));
+        if clamped {
+            limiter.meters().clamped.increment(1);
+            if !self.state.warned_clamped.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    key = %self.state.key,
+                    reported = ?reported,
+                    "the provider reported usage no request could have produced (more output than it may write, or more than a whole window); it is settled at that bound",
+                );
+            }
+        }
+        cut.usage(profile, limits)
+    }
+}
+
+fn permit_key(permit: &Permit) -> &str {
+    permit.limiter().key()
 }
 
 /// The rate-limit headers, and whether one of them was there but could not be read.

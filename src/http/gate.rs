@@ -1,19 +1,22 @@
 //! The gate and its builder: which key a request belongs to, what it costs, and its wait for
 //! the toll.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use bytes::Bytes;
 use serde_json::Value;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::call::Call;
 use super::keys::Keyed;
 use super::profile::{OutputTo, Profile};
-use crate::{Backoff, Cost, Error, Estimator, Limits, Registry};
+use super::request;
+use crate::{Backoff, Cost, Currency, Error, Estimator, Limits, Registry};
 
 /// How a request's key is found: from the request's head and its JSON body (`Value::Null` when
 /// the body is not JSON).
@@ -35,6 +38,9 @@ const KEPT_KEYS: usize = 4_096;
 /// How long, by default, a key's calls wait for the answer to its first call.
 const FIRST_ANSWER_WAIT: Duration = Duration::from_secs(1);
 
+/// The most a request body decodes to, by default.
+const MAX_BODY: usize = 32 << 20;
+
 /// How long, by default, a call may wait for its toll, retries included.
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -51,6 +57,7 @@ pub(super) struct Inner {
     timeout: Option<Duration>,
     first_answer: Option<Duration>,
     off_worker_above: usize,
+    max_body: usize,
     keys: Mutex<HashMap<String, Arc<Keyed>>>,
     /// A 429 came back from inside the layer once: warned.
     pub(super) warned_inside: std::sync::atomic::AtomicBool,
@@ -117,6 +124,7 @@ pub struct GateBuilder {
     timeout: Option<Duration>,
     first_answer: Option<Duration>,
     off_worker_above: usize,
+    max_body: usize,
 }
 
 impl fmt::Debug for GateBuilder {
@@ -210,11 +218,12 @@ impl GateBuilder {
         self
     }
 
-    /// The same as [`timeout`](GateBuilder::timeout), for the wait while a key's limits are
-    /// still unknown.
-    #[deprecated(note = "the gate has one deadline now: use `timeout`")]
-    pub fn learn_timeout(self, timeout: Option<Duration>) -> GateBuilder {
-        self.timeout(timeout)
+    /// The most bytes a request body may decode to from its `content-encoding` (default
+    /// 32 MiB): a larger one is refused with [`Error::Body`] before it is estimated, so that a
+    /// few kilobytes of gzip can't make the gate read gigabytes.
+    pub fn max_body(mut self, bytes: usize) -> GateBuilder {
+        self.max_body = bytes;
+        self
     }
 
     /// With sync on, how long a key's calls wait for the answer to its first call before they
@@ -261,6 +270,7 @@ impl GateBuilder {
                 timeout: self.timeout,
                 first_answer: self.first_answer,
                 off_worker_above: self.off_worker_above,
+                max_body: self.max_body,
                 keys: Mutex::new(HashMap::new()),
                 warned_inside: std::sync::atomic::AtomicBool::new(false),
             }),
@@ -283,6 +293,7 @@ impl Gate {
             timeout: Some(TIMEOUT),
             first_answer: Some(FIRST_ANSWER_WAIT),
             off_worker_above: crate::counting::DEFAULT_OFF_WORKER_ABOVE,
+            max_body: MAX_BODY,
         }
     }
 
@@ -348,6 +359,10 @@ impl Gate {
         }
     }
 
+    pub(super) fn estimator(&self) -> Arc<dyn Estimator> {
+        Arc::clone(&self.inner.estimator)
+    }
+
     pub(super) fn registry(&self) -> &Registry {
         self.inner.registry.as_deref().unwrap_or(Registry::global())
     }
@@ -376,35 +391,104 @@ impl Gate {
         Ok(state)
     }
 
-    /// What a request body costs under the profile, before any limits are applied: its input
-    /// tokens, plus the output it reserves where the profile charges it.
-    pub fn cost_of(&self, body: &Value, limits: Option<&Limits>) -> Result<Cost, Error> {
-        if body.is_null() {
-            return Ok(Cost::call(0));
-        }
-        let estimator = &self.inner.estimator;
-        let above = self.inner.off_worker_above;
-        let estimate = crate::counting::count(above, tollgate_estimators::text_len(body), || {
-            tollgate_estimators::estimate(&**estimator, body)
-        })?;
-        Ok(match self.inner.profile.output {
-            OutputTo::Tokens => Cost::call(estimate.total()),
-            OutputTo::OutputTokens if limits.is_none_or(|l| !l.output_tokens().is_empty()) => {
-                Cost::call(estimate.input_tokens).with_output_tokens(estimate.reserved_output)
-            }
-            OutputTo::OutputTokens | OutputTo::Nowhere => Cost::call(estimate.input_tokens),
+    /// Reads a request the way its upstream will (its `content-encoding` undone, its JSON read
+    /// as a Python or JavaScript server reads it), finds its key, and estimates it: its input
+    /// tokens, the output it reserves (`max_tokens` × `n`, or its model's most output when it
+    /// names none), and, for a stream that did not ask for its usage on a profile that can,
+    /// the body that asks for it.
+    ///
+    /// A body that no server would read as JSON is priced at the most tokens its bytes can
+    /// make (one a byte), never nothing. Fails with [`Error::Body`] for a `content-encoding`
+    /// the gate can't undo or a body that decodes past [`max_body`](GateBuilder::max_body).
+    pub fn read(&self, parts: &http::request::Parts, body: &[u8]) -> Result<Estimated, Error> {
+        let decoded = request::decode_content(&parts.headers, body, self.inner.max_body)?;
+        let changed = match &decoded {
+            Cow::Owned(bytes) => Some(Bytes::from(bytes.clone())),
+            Cow::Borrowed(_) => None,
+        };
+        let read = request::read(changed, &decoded);
+        let key = (self.inner.key)(parts, &read.value);
+        let path = parts.uri.path();
+        let stream = read.value.get("stream").and_then(Value::as_bool) == Some(true);
+        let model = read
+            .value
+            .get("model")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        let generative = generative(path);
+        let explicit = MAX_TOKENS
+            .iter()
+            .any(|name| read.value.get(*name).and_then(Value::as_u64).is_some());
+        let (input, reserved) = if read.unreadable {
+            (request::bound_of(read.len), 0)
+        } else if read.value.is_null() {
+            (0, 0)
+        } else {
+            let estimator = &self.inner.estimator;
+            let above = self.inner.off_worker_above;
+            let value = &read.value;
+            let estimate =
+                crate::counting::count(above, tollgate_estimators::text_len(value), || {
+                    tollgate_estimators::estimate(&**estimator, value)
+                })?;
+            (estimate.input_tokens, estimate.reserved_output)
+        };
+        let most_output = if explicit {
+            reserved
+        } else if generative && self.inner.profile.output != OutputTo::Nowhere {
+            self.inner
+                .profile
+                .output_without_max_tokens(model.as_deref())
+        } else {
+            0
+        };
+        let asks_usage = read
+            .value
+            .get("stream_options")
+            .and_then(|o| o.get("include_usage"))
+            .and_then(Value::as_bool)
+            == Some(true);
+        let usage_path = path.ends_with("/chat/completions") || path.ends_with("/completions");
+        let with_usage = (stream && !asks_usage && usage_path && self.inner.profile.stream_usage)
+            .then(|| request::with_stream_usage(&read, &decoded))
+            .flatten();
+        let usage_added = with_usage.is_some();
+        Ok(Estimated {
+            key,
+            model,
+            stream,
+            input,
+            output: most_output,
+            explicit,
+            send: with_usage.or(read.decoded),
+            usage_added,
         })
     }
 
-    /// What a body that is not JSON the gate can read costs: a request and the `words` rule
-    /// (which errs high) over its bytes, never nothing. serde_json refuses some bodies a
-    /// provider may still take (nested deeper than 128 levels, a lone surrogate, a leading
-    /// byte-order mark, a number beyond `f64`).
-    fn cost_of_raw(body: &[u8]) -> Cost {
-        use tollgate_estimators::Estimator as _;
-        let text = String::from_utf8_lossy(body);
-        let tokens = tollgate_estimators::Words.count(&text) as u64;
-        Cost::call(tokens)
+    /// What an estimated request costs on a key with `limits` (`None`: before any limits are
+    /// known): its input, plus its output where the profile charges it. A reservation the
+    /// request did not ask for (no `max_tokens`) is cut to what the key's windows can hold
+    /// beside its input, so that a call naming none is never refused as too large for them.
+    pub fn cost_of(&self, estimated: &Estimated, limits: Option<&Limits>) -> Cost {
+        let smallest = |currency: Currency| {
+            limits.and_then(|l| l.of(currency).as_slice().iter().map(|r| r.burst()).min())
+        };
+        let input = estimated.input;
+        let fit = |output: u64, room: Option<u64>| match room {
+            Some(room) if !estimated.explicit => output.min(room),
+            _ => output,
+        };
+        match self.inner.profile.output {
+            OutputTo::Tokens => {
+                let room = smallest(Currency::Tokens).map(|cap| cap.saturating_sub(input));
+                Cost::call(input.saturating_add(fit(estimated.output, room)))
+            }
+            OutputTo::OutputTokens if limits.is_none_or(|l| !l.output_tokens().is_empty()) => {
+                let room = smallest(Currency::OutputTokens);
+                Cost::call(input).with_output_tokens(fit(estimated.output, room))
+            }
+            OutputTo::OutputTokens | OutputTo::Nowhere => Cost::call(input),
+        }
     }
 
     /// Finds the request's key and cost, and waits for its toll (or, on a key whose limits are
@@ -422,12 +506,18 @@ impl Gate {
         body: &[u8],
         deadline: Option<tokio::time::Instant>,
     ) -> Result<Call, Error> {
-        let parsed = serde_json::from_slice::<Value>(body);
-        let unreadable = parsed.is_err() && !body.trim_ascii().is_empty();
-        let value = parsed.unwrap_or(Value::Null);
-        let key = (self.inner.key)(parts, &value);
-        let state = self.state(key)?;
-        let stream = value.get("stream").and_then(Value::as_bool) == Some(true);
+        let estimated = self.read(parts, body)?;
+        self.admit_estimated(&estimated, deadline).await
+    }
+
+    /// Waits for the toll of a request already [`read`](Gate::read) (each retry of one
+    /// request admits it again, without reading it again).
+    pub async fn admit_estimated(
+        &self,
+        estimated: &Estimated,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<Call, Error> {
+        let state = self.state(estimated.key.clone())?;
         let left = || deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
         loop {
             if let Some(limiter) = state.limiter() {
@@ -455,19 +545,21 @@ impl Gate {
                     }
                     _ => None,
                 };
-                let cost = if unreadable {
-                    Gate::cost_of_raw(body)
-                } else {
-                    self.cost_of(&value, Some(limiter.limits()))?
-                };
+                let cost = self.cost_of(estimated, Some(limiter.limits()));
                 let permit = limiter.acquire_flight(cost, left()).await?;
-                return Ok(Call::new(self.clone(), state, Some(permit), alone, stream));
+                return Ok(Call::new(
+                    self.clone(),
+                    state,
+                    Some(permit),
+                    alone,
+                    estimated,
+                ));
             }
             let turn = self.turn(&state, left()).await?;
             if state.limiter().is_some() {
                 continue;
             }
-            return Ok(Call::new(self.clone(), state, None, Some(turn), stream));
+            return Ok(Call::new(self.clone(), state, None, Some(turn), estimated));
         }
     }
 
@@ -491,5 +583,76 @@ impl Gate {
             None => turn.await,
         };
         Ok(turn.expect("the semaphore is never closed"))
+    }
+}
+
+/// The fields that name the output a request may write.
+const MAX_TOKENS: [&str; 3] = ["max_tokens", "max_completion_tokens", "max_output_tokens"];
+
+/// Whether a path's calls write output (embeddings, reranking, moderation and token counts
+/// don't).
+fn generative(path: &str) -> bool {
+    let path = path.trim_end_matches('/');
+    ![
+        "/embeddings",
+        "/multimodalembeddings",
+        "/rerank",
+        "/moderations",
+        "/count_tokens",
+    ]
+    .iter()
+    .any(|end| path.ends_with(end))
+}
+
+/// A request read and estimated by [`Gate::read`], not yet admitted.
+#[derive(Debug, Clone)]
+pub struct Estimated {
+    pub(super) key: String,
+    pub(super) model: Option<String>,
+    pub(super) stream: bool,
+    /// Input tokens (or, for a body no server reads, the bound of its bytes).
+    pub(super) input: u64,
+    /// The most output the call may write: `max_tokens` × `n`, or the model's most.
+    pub(super) output: u64,
+    /// Whether the request named its `max_tokens`.
+    pub(super) explicit: bool,
+    /// The body to send in place of the caller's, when the gate changed it.
+    pub(super) send: Option<Bytes>,
+    /// The gate asked the stream for its usage: the extra chunk is the gate's to take out.
+    pub(super) usage_added: bool,
+}
+
+impl Estimated {
+    /// The key the request belongs to.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The body's `model`, if it names one.
+    pub fn model(&self) -> Option<&str> {
+        self.model.as_deref()
+    }
+
+    /// The input tokens estimated.
+    pub fn input_tokens(&self) -> u64 {
+        self.input
+    }
+
+    /// The most output the call may write: what its `max_tokens` reserves, or, when it names
+    /// none, its model's most output (the profile's table).
+    pub fn most_output(&self) -> u64 {
+        self.output
+    }
+
+    /// True when the request asked for a stream.
+    pub fn is_stream(&self) -> bool {
+        self.stream
+    }
+
+    /// The body to send in place of the caller's, when the gate changed it: decoded from its
+    /// `content-encoding` (send it without that header), or asking a stream for its usage.
+    /// `None`: send the caller's bytes as they are.
+    pub fn body(&self) -> Option<&Bytes> {
+        self.send.as_ref()
     }
 }

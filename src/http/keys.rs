@@ -32,6 +32,8 @@ pub(super) struct Keyed {
     /// rate-limit header that can't be read.
     pub(super) warned_limit: AtomicBool,
     pub(super) warned_malformed: AtomicBool,
+    /// A usage no request could have produced was reported once (and warned of).
+    pub(super) warned_clamped: AtomicBool,
     pub(super) foreign: Arc<Foreign>,
 }
 
@@ -45,6 +47,7 @@ impl Keyed {
             heard: AtomicBool::new(false),
             warned_limit: AtomicBool::new(false),
             warned_malformed: AtomicBool::new(false),
+            warned_clamped: AtomicBool::new(false),
             foreign: Arc::new(Foreign::default()),
         }
     }

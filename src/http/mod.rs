@@ -76,12 +76,16 @@
 //! async-openai's own retry layer, and `reqwest_middleware::GateMiddleware` after any retry
 //! middleware. Each module shows its client wired up.
 
+mod attempt;
 mod body;
 mod call;
 mod foreign;
 mod gate;
+mod json;
 mod keys;
+pub mod models;
 mod profile;
+mod request;
 mod usage;
 mod verdict;
 
@@ -89,10 +93,12 @@ use crate::bucket::index;
 
 #[doc(no_inline)]
 pub use crate::headers::{RateHeader, go_duration, rate_headers, retry_pause};
+pub use attempt::{Attempts, Next};
 pub use body::Metered;
 pub use call::Call;
-pub use gate::{Gate, GateBuilder, KeyFn};
+pub use gate::{Estimated, Gate, GateBuilder, KeyFn};
 pub use profile::{HeaderNames, OutputTo, Profile, ResetForm};
+pub use request::BodyError;
 pub use usage::{Reported, UsageScanner};
 pub use verdict::{PermanentRefusal, Verdict};
 

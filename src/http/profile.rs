@@ -4,7 +4,20 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use crate::Currency;
+use super::models::{self, Model};
+use crate::{Currencies, Currency};
+
+/// What a 429 costs: the refused request. OpenAI: "unsuccessful requests contribute to your
+/// per-minute limit, so continuously resending a request won't work"
+/// (<https://platform.openai.com/docs/guides/rate-limits>, error mitigation). Gemini: a failed
+/// request "will still count against your quota"
+/// (<https://ai.google.dev/gemini-api/docs/rate-limits>). Anthropic's rate-limit page says
+/// nothing either way, so its profile follows the other two until it does.
+const REFUSAL_COSTS: Currencies = Currencies::NONE.with(Currency::Requests);
+
+/// What a call that names no `max_tokens` reserves when its model is not in the profile's
+/// table.
+const DEFAULT_OUTPUT: u64 = 4_096;
 
 /// How a provider writes the time until a limit is full again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,6 +116,10 @@ pub struct Profile {
     pub(crate) permanent_codes: Vec<Cow<'static, str>>,
     pub(crate) permanent_without_retry_after: bool,
     pub(crate) rounding: u64,
+    pub(crate) models: Vec<Model>,
+    pub(crate) default_output: u64,
+    pub(crate) stream_usage: bool,
+    pub(crate) refusal_costs: Currencies,
 }
 
 impl fmt::Debug for Profile {
@@ -115,6 +132,9 @@ impl fmt::Debug for Profile {
             .field("output", &self.output)
             .field("cache_reads_count", &self.cache_reads_count)
             .field("rounding", &self.rounding)
+            .field("models", &self.models.len())
+            .field("default_output", &self.default_output)
+            .field("stream_usage", &self.stream_usage)
             .finish_non_exhaustive()
     }
 }
@@ -153,6 +173,10 @@ impl Profile {
             permanent_codes: vec![Cow::Borrowed("insufficient_quota")],
             permanent_without_retry_after: false,
             rounding: 0,
+            models: models::openai(),
+            default_output: DEFAULT_OUTPUT,
+            stream_usage: true,
+            refusal_costs: REFUSAL_COSTS,
         }
     }
 
@@ -198,6 +222,10 @@ impl Profile {
             permanent_codes: Vec::new(),
             permanent_without_retry_after: true,
             rounding: 1_000,
+            models: models::anthropic(),
+            default_output: DEFAULT_OUTPUT,
+            stream_usage: false,
+            refusal_costs: REFUSAL_COSTS,
         }
     }
 
@@ -209,6 +237,9 @@ impl Profile {
             estimator: Cow::Borrowed("voyageai"),
             output: OutputTo::Nowhere,
             permanent_codes: Vec::new(),
+            models: models::voyage(),
+            default_output: 0,
+            stream_usage: false,
             ..Profile::openai()
         }
     }
@@ -233,6 +264,7 @@ impl Profile {
             headers: Vec::new(),
             output: OutputTo::OutputTokens,
             permanent_codes: Vec::new(),
+            models: models::gemini(),
             ..Profile::openai()
         }
     }
@@ -245,6 +277,7 @@ impl Profile {
         Profile {
             name: Cow::Borrowed("groq"),
             permanent_codes: Vec::new(),
+            models: models::groq(),
             ..Profile::openai()
         }
     }
@@ -270,6 +303,9 @@ impl Profile {
             headers,
             reset: ResetForm::Seconds,
             permanent_codes: Vec::new(),
+            models: models::mistral(),
+            // Mistral ends every stream with its usage, and refuses parameters it doesn't know.
+            stream_usage: false,
             ..Profile::openai()
         }
     }
@@ -279,6 +315,7 @@ impl Profile {
         Profile {
             name: name.into(),
             permanent_codes: Vec::new(),
+            models: Vec::new(),
             ..Profile::openai()
         }
     }
@@ -337,6 +374,59 @@ impl Profile {
     pub fn remaining_rounded_to(mut self, rounding: u64) -> Profile {
         self.rounding = rounding;
         self
+    }
+
+    /// The models whose figures the gate knows (their most output, their price), replacing the
+    /// profile's built-in table ([`tollgate::http::models`](super::models)).
+    pub fn models(mut self, models: Vec<Model>) -> Profile {
+        self.models = models;
+        self
+    }
+
+    /// The model entry `model` matches (the longest name it starts with at a boundary), if any.
+    pub fn model(&self, model: &str) -> Option<&Model> {
+        models::find(&self.models, model)
+    }
+
+    /// What a call that names no `max_tokens` reserves for its output: its model's most
+    /// output, or this for a model the table doesn't know (4,096 by default; 0 for Voyage).
+    pub fn default_output(mut self, tokens: u64) -> Profile {
+        self.default_output = tokens;
+        self
+    }
+
+    /// The output a call of `model` that names no `max_tokens` reserves.
+    pub fn output_without_max_tokens(&self, model: Option<&str>) -> u64 {
+        model
+            .and_then(|m| self.model(m))
+            .map_or(self.default_output, |m| m.max_output)
+    }
+
+    /// Whether the gate asks a stream for its usage when the client did not
+    /// (`stream_options.include_usage`, on chat and completions calls), and takes the extra
+    /// usage chunk out before the client sees it. On for OpenAI, Azure, Groq, Gemini and
+    /// generic hosts (vLLM reads it too); off for Mistral (its streams end with usage
+    /// anyway), Anthropic and Voyage.
+    pub fn stream_usage(mut self, ask: bool) -> Profile {
+        self.stream_usage = ask;
+        self
+    }
+
+    /// The currencies a 429 still costs: what the provider counts of a request it refused.
+    /// Every preset keeps the request (OpenAI and Gemini say so; Anthropic's docs are silent,
+    /// and its profile does the same): the refused call's tokens come back, its request does
+    /// not, and nothing raises a request window after a 429 the provider counted.
+    pub fn refusal_costs(mut self, currencies: Currencies) -> Profile {
+        self.refusal_costs = currencies;
+        self
+    }
+
+    /// The currencies a refused call's charge comes back in.
+    pub(crate) fn refusal_returns(&self) -> Currencies {
+        Currency::ALL
+            .into_iter()
+            .filter(|c| !self.refusal_costs.contains(*c))
+            .collect()
     }
 
     /// Whether a 429 without `retry-after` (or `retry-after-ms`) is final.

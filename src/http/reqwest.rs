@@ -3,13 +3,11 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use reqwest::ResponseBuilderExt as _;
 
-use super::body::{Metered, is_event_stream, read_short};
+use super::attempt::{Attempts, Next};
 use super::call::Call;
-use super::gate::Gate;
-use super::verdict::{PermanentRefusal, Verdict};
+use super::verdict::PermanentRefusal;
 
 /// Why an adapter's call failed, before it is told in the client's own error type.
 #[derive(Debug)]
@@ -78,40 +76,41 @@ fn rebuild(
     reqwest::Response::from(builder.body(body).expect("the parts of a valid response"))
 }
 
-/// Reads the response's head into `call` (header sync; a 429's verdict), and answers what the
-/// adapter does next: hand over the response, its body metered so that the call settles
-/// when it ends, or retry (within the deadline shared by every attempt).
+/// The request to send for `call`: the caller's, or with the body the gate rewrote.
+pub(crate) fn rewritten(call: &Call, mut request: reqwest::Request) -> reqwest::Request {
+    if let Some(body) = call.body() {
+        call.rewrite_headers(request.headers_mut());
+        *request.body_mut() = Some(reqwest::Body::from(body.clone()));
+    }
+    request
+}
+
+/// Reads the response into `call` through `attempts` (header sync; a 429's verdict), and
+/// answers what the adapter does next: hand over the response, its body metered so that the
+/// call settles when it ends, or retry (within the deadline shared by every attempt).
 pub(crate) async fn after(
-    gate: &Gate,
-    mut call: Call,
+    attempts: &mut Attempts,
+    call: Call,
     response: reqwest::Response,
-    attempt: u32,
-    can_retry: bool,
-    deadline: Option<tokio::time::Instant>,
-    started: tokio::time::Instant,
 ) -> Result<Then, Failure> {
     let url = response.url().clone();
     let (parts, body) = http::Response::<reqwest::Body>::from(response).into_parts();
-    if parts.status != http::StatusCode::TOO_MANY_REQUESTS {
-        call.respond(parts.status, &parts.headers, None).await;
-        let stream = is_event_stream(&parts.headers) || call.is_stream();
-        let body = reqwest::Body::wrap(Metered::new(body, call, stream));
-        return Ok(Then::Done(rebuild(url, parts, body)));
-    }
-    let error: Bytes = read_short(body, deadline).await.map_err(Failure::Read)?;
-    match call
-        .respond(parts.status, &parts.headers, Some(&error))
+    let next = attempts
+        .answered(call, parts.status, &parts.headers, body)
         .await
-    {
-        Verdict::Permanent { code, message } => Err(Failure::Permanent(PermanentRefusal {
-            profile: gate.profile().name().to_owned(),
-            code,
-            message,
-        })),
-        Verdict::Transient { pause } if can_retry && attempt < gate.retries() => {
-            let delay = gate.retry_within(call.key(), attempt, pause, deadline, started)?;
-            Ok(Then::Retry(delay))
-        }
-        _ => Ok(Then::Done(rebuild(url, parts, reqwest::Body::from(error)))),
+        .map_err(Failure::Read)?;
+    match next {
+        Next::Deliver(metered) => Ok(Then::Done(rebuild(
+            url,
+            parts,
+            reqwest::Body::wrap(*metered),
+        ))),
+        Next::Retry(delay) => Ok(Then::Retry(delay)),
+        Next::HandOn {
+            past_deadline: Some(err),
+            ..
+        } => Err(Failure::Gate(err)),
+        Next::HandOn { body, .. } => Ok(Then::Done(rebuild(url, parts, reqwest::Body::from(body)))),
+        Next::Refused { refusal, .. } => Err(Failure::Permanent(refusal)),
     }
 }

@@ -27,8 +27,9 @@
 use http::Extensions;
 use reqwest_middleware::{Middleware, Next};
 
+use super::attempt::Attempts;
 use super::gate::Gate;
-use super::reqwest::{Failure, Then, after, bytes_of, head_of};
+use super::reqwest::{Failure, Then, after, bytes_of, head_of, rewritten};
 
 /// The middleware: every request pays its toll first, is retried after a transient 429 (up to
 /// the gate's retries, when its body can be sent again), fails at once on a permanent one
@@ -66,40 +67,24 @@ impl Middleware for GateMiddleware {
         let (head, bytes) = (head_of(&request), bytes_of(&request));
         let mut pending = Some(request);
         // Every attempt shares the deadline of the first admission.
-        let started = tokio::time::Instant::now();
-        let deadline = self.gate.deadline();
-        let mut attempt = 0;
+        let mut attempts = Attempts::new(&self.gate, &head, &bytes).map_err(|e| told(e.into()))?;
         loop {
             let request = pending
                 .take()
                 .expect("a retry is only answered for a request that could be cloned");
             // A body that can't be sent again (a stream) is sent once.
             let again = request.try_clone();
-            let mut call = self
-                .gate
-                .admit_until(&head, &bytes, deadline)
-                .await
-                .map_err(|e| told(e.into()))?;
+            attempts.can_retry(again.is_some());
+            let mut call = attempts.admit().await.map_err(|e| told(e.into()))?;
+            let request = rewritten(&call, request);
             call.sending();
             let response = next.clone().run(request, extensions).await?;
-            let then = after(
-                &self.gate,
-                call,
-                response,
-                attempt,
-                again.is_some(),
-                deadline,
-                started,
-            )
-            .await
-            .map_err(told)?;
-            match then {
+            match after(&mut attempts, call, response).await.map_err(told)? {
                 Then::Done(response) => return Ok(response),
                 Then::Retry(delay) => {
-                    // `after` answers Retry only when the body could be cloned.
+                    // `answered` retries only a request that could be cloned.
                     tokio::time::sleep(delay).await;
                     pending = again;
-                    attempt += 1;
                 }
             }
         }

@@ -7,14 +7,14 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use http_body::Body;
 
-use super::body::{Metered, is_event_stream, read_short};
+use super::attempt::{Attempts, Next};
+use super::body::Metered;
 use super::gate::Gate;
-use super::verdict::{PermanentRefusal, Verdict};
 
-/// An error of any kind, boxed: tollgate's own, [`PermanentRefusal`], or the inner service's.
+/// An error of any kind, boxed: tollgate's own, [`PermanentRefusal`](super::PermanentRefusal), or the inner service's.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A request body whose bytes can be read before it is sent (to estimate it) and that can be
@@ -23,11 +23,23 @@ pub trait RequestBytes: Clone {
     /// The body's bytes, if it has them at hand (a streaming body does not: it is sent with
     /// the cost of an empty body).
     fn request_bytes(&self) -> Option<Cow<'_, [u8]>>;
+
+    /// A body of this type holding `bytes`, for a body the gate rewrote (decoded from its
+    /// `content-encoding`, or asking a stream for its usage); `None` when the type can't
+    /// hold them, and the caller's body is sent as it is.
+    fn with_bytes(&self, bytes: Bytes) -> Option<Self> {
+        let _ = bytes;
+        None
+    }
 }
 
 impl RequestBytes for Bytes {
     fn request_bytes(&self) -> Option<Cow<'_, [u8]>> {
         Some(Cow::Borrowed(self))
+    }
+
+    fn with_bytes(&self, bytes: Bytes) -> Option<Self> {
+        Some(bytes)
     }
 }
 
@@ -35,15 +47,27 @@ impl RequestBytes for String {
     fn request_bytes(&self) -> Option<Cow<'_, [u8]>> {
         Some(Cow::Borrowed(self.as_bytes()))
     }
+
+    fn with_bytes(&self, bytes: Bytes) -> Option<Self> {
+        String::from_utf8(bytes.to_vec()).ok()
+    }
 }
 
 impl RequestBytes for Vec<u8> {
     fn request_bytes(&self) -> Option<Cow<'_, [u8]>> {
         Some(Cow::Borrowed(self))
     }
+
+    fn with_bytes(&self, bytes: Bytes) -> Option<Self> {
+        Some(bytes.to_vec())
+    }
 }
 
-impl<D: bytes::Buf + Clone> RequestBytes for http_body_util::Full<D> {
+impl<D: bytes::Buf + Clone + From<Bytes>> RequestBytes for http_body_util::Full<D> {
+    fn with_bytes(&self, bytes: Bytes) -> Option<Self> {
+        Some(http_body_util::Full::new(D::from(bytes)))
+    }
+
     fn request_bytes(&self) -> Option<Cow<'_, [u8]>> {
         // Full keeps its data private; its frame is read from a clone.
         let mut clone = self.clone();
@@ -100,7 +124,7 @@ impl<S> tower_layer::Layer<S> for GateLayer {
 }
 
 /// A service whose every request pays its toll first, is retried after a transient 429 (up
-/// to the gate's [`retries`](Gate::retries)), fails at once with [`PermanentRefusal`] on a
+/// to the gate's [`retries`](Gate::retries)), fails at once with [`PermanentRefusal`](super::PermanentRefusal) on a
 /// permanent one, and whose response body settles the call when it ends. It serves
 /// `http::Request<B>` and, with the `async-openai` feature, async-openai's requests.
 #[derive(Debug, Clone)]
@@ -153,49 +177,48 @@ where
                 .map(Cow::into_owned)
                 .unwrap_or_default();
             // Every attempt shares the deadline of the first admission.
-            let started = tokio::time::Instant::now();
-            let deadline = gate.deadline();
-            let mut attempt = 0;
+            let mut attempts = Attempts::new(&gate, &parts, &bytes)?;
             loop {
-                let mut call = gate.admit_until(&parts, &bytes, deadline).await?;
-                if attempt > 0 {
+                let mut call = attempts.admit().await?;
+                if attempts.retried() > 0 {
                     std::future::poll_fn(|cx| inner.poll_ready(cx))
                         .await
                         .map_err(Into::into)?;
                 }
-                let request = Request::from_parts(parts.clone(), body.clone());
+                let mut head = parts.clone();
+                let sent = match call.body().and_then(|new| body.with_bytes(new.clone())) {
+                    Some(rewritten) => {
+                        call.rewrite_headers(&mut head.headers);
+                        rewritten
+                    }
+                    None => body.clone(),
+                };
                 call.sending();
-                let response = inner.call(request).await.map_err(Into::into)?;
-                let (head, response_body) = response.into_parts();
-                if head.status != StatusCode::TOO_MANY_REQUESTS {
-                    call.respond(head.status, &head.headers, None).await;
-                    let stream = is_event_stream(&head.headers) || call.is_stream();
-                    let body = Metered::new(EitherBody::Inner(response_body), call, stream);
-                    return Ok(Response::from_parts(head, body));
-                }
-                let error = read_short(response_body, deadline)
+                let response = inner
+                    .call(Request::from_parts(head, sent))
                     .await
                     .map_err(Into::into)?;
-                match call.respond(head.status, &head.headers, Some(&error)).await {
-                    Verdict::Permanent { code, message } => {
-                        let refusal = PermanentRefusal {
-                            profile: gate.profile().name().to_owned(),
-                            code,
-                            message,
-                        };
-                        return Err(refusal.into());
-                    }
-                    Verdict::Transient { pause } if attempt < gate.retries() => {
-                        let key = call.key().to_owned();
-                        drop(call);
-                        let delay = gate.retry_within(&key, attempt, pause, deadline, started)?;
-                        tokio::time::sleep(delay).await;
-                        attempt += 1;
-                    }
-                    _ => {
-                        let body = Metered::plain(EitherBody::Read(Some(error)));
+                let (head, response_body) = response.into_parts();
+                let next = attempts
+                    .answered(
+                        call,
+                        head.status,
+                        &head.headers,
+                        EitherBody::Inner(response_body),
+                    )
+                    .await?;
+                match next {
+                    Next::Deliver(body) => return Ok(Response::from_parts(head, *body)),
+                    Next::Retry(delay) => tokio::time::sleep(delay).await,
+                    Next::HandOn {
+                        past_deadline: Some(err),
+                        ..
+                    } => return Err(err.into()),
+                    Next::HandOn { body, .. } => {
+                        let body = Metered::plain(EitherBody::Read(Some(body)));
                         return Ok(Response::from_parts(head, body));
                     }
+                    Next::Refused { refusal, .. } => return Err(refusal.into()),
                 }
             }
         })

@@ -1,7 +1,10 @@
 //! Reading usage from a response: a JSON body, or the events of a server-sent stream, fed in
 //! pieces as they pass.
 
+use std::sync::Arc;
+
 use serde_json::Value;
+use tollgate_estimators::Estimator;
 
 use super::profile::{OutputTo, Profile};
 use crate::{Limits, Usage};
@@ -20,6 +23,10 @@ pub struct Reported {
     pub cache_read: Option<u64>,
     /// `total_tokens`.
     pub total: Option<u64>,
+    /// The output tokens counted from the text the response generated (its content, tool-call
+    /// arguments, reasoning, refusals, transcripts), when a scanner was given an estimator:
+    /// what settles a response that reported no output count.
+    pub generated: Option<u64>,
 }
 
 impl Reported {
@@ -142,6 +149,114 @@ pub struct UsageScanner {
     started: bool,
     /// The stream reported its input before its output (Anthropic's `message_start`).
     input_early: bool,
+    /// Counts the text the response generates, when given.
+    estimator: Option<Arc<dyn Estimator>>,
+    /// Generated text not counted yet, what was counted, and whether any was seen.
+    generated_text: String,
+    generated_tokens: u64,
+    generated_seen: bool,
+}
+
+/// Generated text is counted in pieces of about this many bytes (a piece boundary can split a
+/// token in two, and so errs high by at most one token a piece).
+const COUNT_EVERY: usize = 64 << 10;
+
+/// Fields of a response that are not text the model generated: tags, ids, reasons, indexes,
+/// a reasoning block's signature, audio's base64 data.
+const NOT_GENERATED: [&str; 22] = [
+    "role",
+    "type",
+    "id",
+    "index",
+    "finish_reason",
+    "stop_reason",
+    "stop_sequence",
+    "signature",
+    "call_id",
+    "status",
+    "encrypted_content",
+    "logprobs",
+    "model",
+    "object",
+    "item_id",
+    "annotations",
+    "system_fingerprint",
+    "usage",
+    "obfuscation",
+    "data",
+    "expires_at",
+    "service_tier",
+];
+
+/// Every string of `value` that the model wrote, into `out`.
+fn generated_strings(value: &Value, out: &mut dyn FnMut(&str)) {
+    match value {
+        Value::String(text) => out(text),
+        Value::Array(items) => items.iter().for_each(|v| generated_strings(v, out)),
+        Value::Object(map) => {
+            for (key, value) in map {
+                if !NOT_GENERATED.contains(&key.as_str()) {
+                    generated_strings(value, out);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The generated text of one event of a stream, or of a whole JSON answer: OpenAI's choices
+/// (`delta` or `message`: content, tool calls and their arguments, reasoning, refusals, audio
+/// transcripts; `text` of completions), Anthropic's content blocks and their deltas (text,
+/// tool input as JSON, thinking), the responses API's `*.delta` events and its `output`.
+fn generated_of(value: &Value, out: &mut dyn FnMut(&str)) -> bool {
+    if let Some(choices) = value.get("choices").and_then(Value::as_array) {
+        for choice in choices {
+            for field in ["delta", "message"] {
+                if let Some(part) = choice.get(field) {
+                    generated_strings(part, out);
+                }
+            }
+            if let Some(text) = choice.get("text").and_then(Value::as_str) {
+                out(text);
+            }
+        }
+        return true;
+    }
+    let kind = value.get("type").and_then(Value::as_str).unwrap_or("");
+    match kind {
+        "content_block_delta" | "content_block_start" => {
+            for field in ["delta", "content_block"] {
+                if let Some(part) = value.get(field) {
+                    generated_strings(part, out);
+                }
+            }
+            true
+        }
+        // An Anthropic answer, whole.
+        "message" => {
+            if let Some(content) = value.get("content") {
+                generated_strings(content, out);
+            }
+            true
+        }
+        kind if kind.ends_with(".delta") => {
+            if let Some(text) = value.get("delta").and_then(Value::as_str) {
+                out(text);
+            }
+            true
+        }
+        _ => {
+            // The responses API's answer, whole (not its events, whose `response` repeats
+            // what the deltas said).
+            if value.get("object").and_then(Value::as_str) == Some("response")
+                && let Some(output) = value.get("output")
+            {
+                generated_strings(output, out);
+                return true;
+            }
+            false
+        }
+    }
 }
 
 impl UsageScanner {
@@ -158,7 +273,53 @@ impl UsageScanner {
             after_cr: false,
             started: false,
             input_early: false,
+            estimator: None,
+            generated_text: String::new(),
+            generated_tokens: 0,
+            generated_seen: false,
         }
+    }
+
+    /// A scanner that also counts, with `estimator`, the text the response generates, for a
+    /// response that reports no output count ([`Reported::generated`]).
+    pub fn counting(stream: bool, estimator: Arc<dyn Estimator>) -> UsageScanner {
+        UsageScanner {
+            estimator: Some(estimator),
+            ..UsageScanner::new(stream)
+        }
+    }
+
+    /// Takes the generated text of `value` (an event, or a whole answer).
+    fn take_generated(&mut self, value: &Value) {
+        let Some(estimator) = self.estimator.clone() else {
+            return;
+        };
+        let mut text = std::mem::take(&mut self.generated_text);
+        let seen = generated_of(value, &mut |piece| text.push_str(piece));
+        self.generated_seen |= seen;
+        if text.len() >= COUNT_EVERY {
+            self.generated_tokens = self
+                .generated_tokens
+                .saturating_add(estimator.count(&text) as u64);
+            text.clear();
+        }
+        self.generated_text = text;
+    }
+
+    /// The generated text counted so far, the rest counted now.
+    fn generated_total(&mut self) -> Option<u64> {
+        if !self.generated_seen {
+            return None;
+        }
+        if let Some(estimator) = &self.estimator
+            && !self.generated_text.is_empty()
+        {
+            self.generated_tokens = self
+                .generated_tokens
+                .saturating_add(estimator.count(&self.generated_text) as u64);
+            self.generated_text.clear();
+        }
+        Some(self.generated_tokens)
     }
 
     /// Reads the next piece of the body.
@@ -257,6 +418,7 @@ impl UsageScanner {
         }
         if let Ok(value) = serde_json::from_slice::<Value>(data) {
             self.reported.take(&value);
+            self.take_generated(&value);
             match value.get("type").and_then(Value::as_str) {
                 Some("message_stop" | "response.completed") => self.done = true,
                 Some("message_start") if self.reported.input.is_some() => {
@@ -280,7 +442,8 @@ impl UsageScanner {
         std::mem::take(&mut self.input_early).then_some(self.reported)
     }
 
-    /// What the body reported so far.
+    /// What the body reported so far (without the generated text, which is counted at
+    /// [`finish`](UsageScanner::finish)).
     pub fn reported(&self) -> Reported {
         self.reported
     }
@@ -297,11 +460,13 @@ impl UsageScanner {
         } else if !self.overflowed {
             if let Ok(value) = serde_json::from_slice::<Value>(&self.kept) {
                 self.reported.take(&value);
+                self.take_generated(&value);
             }
         } else if let Some(usage) = last_usage_object(&self.kept) {
             // Only the tail is kept: the last `"usage": {...}` member in it.
             self.reported.merge(&usage);
         }
+        self.reported.generated = self.generated_total();
         self.reported
     }
 }

@@ -107,6 +107,9 @@ pub(crate) struct Meters {
     pub(crate) transient_429s: metrics::Counter,
     #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) permanent_429s: metrics::Counter,
+    /// Usages cut to what their request could have produced.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) clamped: metrics::Counter,
     /// The modelled rate of spending elsewhere, in tokens a second.
     #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) foreign_rate: metrics::Gauge,
@@ -128,6 +131,7 @@ impl Meters {
             lowered: with_key("tollgate_tokens_lowered_total"),
             transient_429s: metrics::counter!("tollgate_provider_429s_total", "key" => key.clone(), "kind" => "transient"),
             permanent_429s: metrics::counter!("tollgate_provider_429s_total", "key" => key.clone(), "kind" => "permanent"),
+            clamped: with_key("tollgate_usage_clamped_total"),
             foreign_rate: metrics::gauge!("tollgate_foreign_tokens_per_second", "key" => key),
         }
     }

@@ -81,14 +81,22 @@ impl<S: Store> Permit<S> {
         self.flight
     }
 
-    /// The provider refused the call, and a sync gave its charge back and marked it done in
-    /// the store: nothing is left to settle or to give back.
+    /// The provider refused the call, and a sync gave its charge back in the currencies
+    /// `back` and marked it done in the store: nothing is left to settle or to give back.
     #[cfg_attr(not(feature = "http"), allow(dead_code))]
-    pub(crate) fn refused(&mut self) {
+    pub(crate) fn refused(&mut self, back: crate::Currencies) {
         if self.flight.take().is_some() {
             self.limiter.landed();
         }
-        self.cost = Cost::new(0, 0);
+        if back.contains(crate::Currency::Requests) {
+            self.cost.requests = 0;
+        }
+        if back.contains(crate::Currency::Tokens) {
+            self.cost.tokens = 0;
+        }
+        if back.contains(crate::Currency::OutputTokens) {
+            self.cost.output_tokens = 0;
+        }
     }
 
     /// What the call paid.

@@ -258,8 +258,12 @@ async fn run(
                         None => Reported::default(),
                     };
                     let _ = call.finish(reported).await;
+                    // A usage above a whole window's burst is one no request could have
+                    // produced: the gate settles it at that bound.
+                    let most = limits.tokens().as_slice().iter().map(|r| r.burst()).max();
+                    let billed = used.unwrap_or(tokens).min(most.unwrap_or(u64::MAX));
                     ledger.billed[0] += 1;
-                    ledger.billed[1] += u128::from(used.unwrap_or(tokens));
+                    ledger.billed[1] += u128::from(billed);
                 }
             }
             Event::Wait(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,

@@ -156,22 +156,48 @@ async fn a_spend_limit_429_fails_at_once() {
     assert_eq!(s.through_gate.load(Ordering::Relaxed), 1);
 }
 
-#[tokio::test]
-async fn transient_429s_are_retried_by_the_gate() {
-    let s = Setup::new(
-        Options::anthropic(1, 1_000_000, 1_000_000, Duration::from_secs(1)),
-        Limits::parse("100/s", "1000000/m").unwrap(),
-    )
-    .await;
-    let client = s.client();
-    let body = message(5, 10, false);
-    let (a, b) = tokio::join!(s.send(&client, &body), s.send(&client, &body));
-    assert_eq!(a.unwrap().0, 200);
-    assert_eq!(b.unwrap().0, 200);
-    let stats = &s.provider.stats;
-    assert!(stats.refused.load(Ordering::Relaxed) >= 1);
-    let sent = stats.ok.load(Ordering::Relaxed) + stats.refused.load(Ordering::Relaxed);
-    assert_eq!(s.through_gate.load(Ordering::Relaxed), sent);
+/// Every attempt the gate retries pays its toll again: the key admitted exactly as many
+/// calls as the provider saw, and the request was read (its key found) once however often it
+/// was sent.
+#[test]
+fn transient_429s_are_retried_by_the_gate() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (sent, read) = metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let s = Setup::new(
+                Options::anthropic(1, 1_000_000, 1_000_000, Duration::from_secs(1)),
+                Limits::parse("100/s", "1000000/m").unwrap(),
+            )
+            .await;
+            let client = s.client();
+            let body = message(5, 10, false);
+            let (a, b) = tokio::join!(s.send(&client, &body), s.send(&client, &body));
+            assert_eq!(a.unwrap().0, 200);
+            assert_eq!(b.unwrap().0, 200);
+            let stats = &s.provider.stats;
+            assert!(stats.refused.load(Ordering::Relaxed) >= 1);
+            let sent = stats.ok.load(Ordering::Relaxed) + stats.refused.load(Ordering::Relaxed);
+            (sent, s.through_gate.load(Ordering::Relaxed))
+        })
+    });
+    let admitted: u64 = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, _, _, _)| key.key().name() == "tollgate_calls_admitted_total")
+        .map(|(_, _, _, value)| match value {
+            DebugValue::Counter(n) => n,
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(admitted, sent);
+    assert_eq!(read, 2);
 }
 
 /// A minimal retry middleware: sends again after each 429, up to three times.

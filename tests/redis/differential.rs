@@ -195,7 +195,15 @@ fn operation(rng: &mut Lcg, limits: &Limits, calls: &[Held]) -> (Op, Option<usiz
                 args.margin[i] = if rng.below(2) == 0 { rng.below(40) } else { 0 };
                 args.margin_if_above[i] = rng.below(2) == 0;
             }
-            args.refused = rng.below(6) == 0;
+            args.refused = (rng.below(6) == 0).then(|| {
+                let mut back = tollgate::Currencies::NONE;
+                for currency in tollgate::Currency::ALL {
+                    if rng.below(2) == 0 {
+                        back = back.with(currency);
+                    }
+                }
+                back
+            });
             (Op::Sync(Box::new(args)), call)
         }
         83..=92 => match flying {

@@ -23,13 +23,17 @@
 //!   image is read from its PNG, JPEG, GIF or WebP header; a remote URL can't be read, and
 //!   costs the most an image can cost unless [`Billing`] says otherwise. (PDF documents are
 //!   not counted.)
-//! - **A request body** is a top-level map or struct with a `messages`, `system`, `prompt` or
-//!   `input` field (the shapes of OpenAI's, Anthropic's and Voyage's APIs). Only the billed text
-//!   counts: those fields, plus the `tools`/`functions` definitions; the model name and the
-//!   parameters don't. Tools are counted by the OpenAI cookbook's rule where the estimator has
-//!   an OpenAI encoding ([`ToolOverheads`]), else as their JSON text (which errs high). In
-//!   `input`, integers count one token each (OpenAI accepts pre-tokenized input). The output
-//!   the request reserves, `max_tokens` (or `max_completion_tokens`, `max_output_tokens`)
+//! - **A request body** is a top-level map or struct with a `messages`, `system`, `prompt`,
+//!   `input`, `instructions`, `suffix`, `prediction`, `query`, `documents` or `inputs` field
+//!   (the shapes of OpenAI's chat, responses and completions APIs, Anthropic's messages and
+//!   Voyage's embeddings and reranking). Every field of it counts except its parameters
+//!   (`model`, `user`, `metadata`, `stop`, `temperature`, `reasoning`, `tool_choice` and the
+//!   like): a field the rules don't know yet counts its strings, so that a request errs high,
+//!   never low. The `tools`/`functions` definitions are counted by the OpenAI cookbook's rule
+//!   where the estimator has an OpenAI encoding ([`ToolOverheads`]), else as their JSON text
+//!   (which errs high). In `input`, integers count one token each (OpenAI accepts
+//!   pre-tokenized input). The output the request reserves, `max_tokens` (or
+//!   `max_completion_tokens`, `max_output_tokens`)
 //!   times `n`, is reported apart in [`Estimate::reserved_output`].
 
 use std::fmt;

@@ -40,6 +40,12 @@ pub(super) enum Key {
     System,
     Prompt,
     Input,
+    /// Text a request bills beside its messages: the responses API's `instructions`, a
+    /// completion's `suffix`, a predicted output, a rerank's `query` and `documents`, Voyage's
+    /// multimodal `inputs`.
+    Billed,
+    /// A request parameter that is not text the provider bills (`model`, `user`, `stop` ...).
+    Param,
     Tools,
     MaxTokens,
     N,
@@ -65,6 +71,40 @@ pub(super) fn classify(key: &str) -> Key {
         "system" => Key::System,
         "prompt" => Key::Prompt,
         "input" => Key::Input,
+        "instructions" | "suffix" | "prediction" | "query" | "documents" | "inputs" => Key::Billed,
+        "model"
+        | "user"
+        | "metadata"
+        | "stream"
+        | "stream_options"
+        | "service_tier"
+        | "store"
+        | "safety_identifier"
+        | "prompt_cache_key"
+        | "prompt_cache_retention"
+        | "encoding_format"
+        | "input_type"
+        | "output_dtype"
+        | "output_dimension"
+        | "truncation"
+        | "reasoning_effort"
+        | "reasoning"
+        | "tool_choice"
+        | "parallel_tool_calls"
+        | "modalities"
+        | "include"
+        | "previous_response_id"
+        | "background"
+        | "verbosity"
+        | "stop"
+        | "stop_sequences"
+        | "conversation"
+        | "return_documents"
+        | "top_k"
+        | "top_p"
+        | "temperature"
+        | "seed"
+        | "user_id" => Key::Param,
         "tools" | "functions" => Key::Tools,
         "max_tokens" | "max_completion_tokens" | "max_output_tokens" => Key::MaxTokens,
         "n" => Key::N,

@@ -149,6 +149,7 @@ impl<'c, 'e, E: Estimator + ?Sized> Walker<'c, 'e, E> {
             message_part: 0,
             other: 0,
             billed: 0,
+            params: 0,
             request: false,
             image: None,
             detail: None,
@@ -188,6 +189,9 @@ struct MapWalker<'c, 'e, E: ?Sized> {
     other: u64,
     /// Tokens of the fields a request body bills.
     billed: u64,
+    /// Tokens of a request's parameters (`model`, `stop` ...): counted only if the map turns
+    /// out not to be a request.
+    params: u64,
     request: bool,
     /// A part's OpenAI image, its detail, an Anthropic block's source and its type: priced
     /// when the part ends.
@@ -254,6 +258,12 @@ impl<E: Estimator + ?Sized> MapWalker<'_, '_, E> {
                 self.request = true;
                 self.billed += self.walk(value, Ctx::Input)?.total;
             }
+            Key::Billed => {
+                self.request = true;
+                self.billed += self.walk(value, Ctx::Content)?.total;
+            }
+            // Parameters are not text the provider bills; in a request, they count nothing.
+            Key::Param => self.params += self.walk(value, Ctx::Any)?.total,
             _ => return Ok(false),
         }
         Ok(true)
@@ -295,9 +305,11 @@ impl<E: Estimator + ?Sized> MapWalker<'_, '_, E> {
 
     fn finish(self) -> Result<Found, ExtractError> {
         if self.request {
-            return Ok(Found::tokens(self.billed));
+            // Every field of a request that is not a parameter may be billed (a field the
+            // rules don't know yet errs high, never low).
+            return Ok(Found::tokens(self.billed + self.message_part + self.other));
         }
-        let mut plain = self.billed + self.message_part + self.other;
+        let mut plain = self.billed + self.params + self.message_part + self.other;
         if self.ctx == Ctx::Content {
             let counter = &*self.counter;
             if let Some(image) = &self.image {

@@ -187,6 +187,62 @@ fn anthropic_body_counts_system_and_messages() {
     );
 }
 
+/// Every field a provider bills counts, whatever the endpoint: the responses API's
+/// `instructions` and input items (tool outputs among them), a predicted output, a
+/// completion's `suffix`, a rerank's query and documents; and a field the rules don't know
+/// counts too (a request errs high, never low), while parameters like `model` and `stop` don't.
+#[test]
+fn every_billed_field_of_a_request_counts_and_parameters_do_not() {
+    let est = openai();
+    let count = |text: &str| est.count(text) as u64;
+    let responses = json!({
+        "model": "gpt-4.1",
+        "instructions": "Answer as a pirate would.",
+        "input": [
+            {"role": "user", "content": "Where is the treasure?"},
+            {"type": "function_call_output", "call_id": "c1", "output": "Under the palm tree."}
+        ],
+        "stop": ["\n\n"],
+        "reasoning": {"effort": "high"}
+    });
+    let input = estimate(&*est, &responses).unwrap().input_tokens;
+    let message = 3 + count("user") + count("Where is the treasure?");
+    let tool = count("c1") + count("Under the palm tree.");
+    assert_eq!(
+        input,
+        count("Answer as a pirate would.") + message + tool + 3
+    );
+
+    let predicted = json!({
+        "model": "gpt-4o",
+        "messages": [{"role": "user", "content": "Fix the bug."}],
+        "prediction": {"type": "content", "content": "fn main() { println!(\"hi\"); }"}
+    });
+    let base = 3 + count("user") + count("Fix the bug.") + 3;
+    assert_eq!(
+        estimate(&*est, &predicted).unwrap().input_tokens,
+        base + count("fn main() { println!(\"hi\"); }")
+    );
+
+    let suffix = json!({"model": "x", "prompt": "def f(", "suffix": "    return y"});
+    assert_eq!(
+        estimate(&*est, &suffix).unwrap().input_tokens,
+        count("def f(") + count("    return y")
+    );
+
+    let rerank = json!({"model": "rerank-2", "query": "rivers", "documents": ["Nile", "Amazon"], "top_k": 1});
+    assert_eq!(
+        estimate(&*est, &rerank).unwrap().input_tokens,
+        count("rivers") + count("Nile") + count("Amazon")
+    );
+
+    let unknown = json!({"messages": [], "new_field": "a long text the rules don't know"});
+    assert_eq!(
+        estimate(&*est, &unknown).unwrap().input_tokens,
+        count("a long text the rules don't know")
+    );
+}
+
 #[test]
 fn embedding_bodies_count_input() {
     let est = estimator("voyageai").unwrap();

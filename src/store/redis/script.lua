@@ -743,7 +743,8 @@ elseif op == 'sync' then
   local returnable = cost_args(args + 11, 0)
   local margin = cost_args(args + 14, 0)
   local if_more = {int(ARGV[args + 17], 0, 1), int(ARGV[args + 18], 0, 1), int(ARGV[args + 19], 0, 1)}
-  local refused = int(ARGV[args + 20], 0, 1)
+  -- 0: not refused; 8 + a mask of the currencies given back (requests 1, tokens 2, output 4).
+  local refused = int(ARGV[args + 20], 0, 15)
   if id == nil or charged == nil or remaining == nil or foreign == nil or returnable == nil
     or margin == nil or if_more[1] == nil or if_more[2] == nil or if_more[3] == nil
     or refused == nil then
@@ -760,12 +761,17 @@ elseif op == 'sync' then
   if f ~= nil then before, ambiguous = close_to(f) end
   local own = charged
   if f ~= nil then own = {f.charged[1], f.charged[2], f.charged[3]} end
-  if refused == 1 then
-    -- The provider refused the call and counted nothing of it: what it was charged here comes
-    -- back, and it is done.
-    apply({own[1], own[2], own[3]})
+  local back = {false, false, false}
+  if refused >= 8 then
+    local mask = refused - 8
+    back = {mask % 2 == 1, math.floor(mask / 2) % 2 == 1, math.floor(mask / 4) % 2 == 1}
+    -- The provider refused the call and counted nothing of it in the currencies it gives
+    -- back: what it was charged there comes back, and it is done.
+    local give = {0, 0, 0}
+    for c = 1, 3 do if back[c] then give[c] = own[c] end end
+    apply(give)
     if f ~= nil then
-      f.charged = {0, 0, 0}
+      for c = 1, 3 do if back[c] then f.charged[c] = 0 end end
       f.done = true
       redis.call('HSET', hash, 'f' .. fmt(f.id), encode_flight(f))
     end
@@ -794,7 +800,7 @@ elseif op == 'sync' then
         -- went out close to it are left out of what is taken off, whichever side of it they
         -- were counted on.
         local held = f.level[c]
-        if refused == 1 then held = held - units(t, own[c]) end
+        if back[c] then held = held - units(t, own[c]) end
         -- What was spent elsewhere if the provider counted the calls in the order they went
         -- out: a sample for the model.
         local likely = whole(t, held - counted)
@@ -839,7 +845,7 @@ elseif op == 'sync' then
   end
   local since_ms = 0
   if f ~= nil then since_ms = now - f.at end
-  if refused == 1 and ffirst < fnext then
+  if refused >= 8 and ffirst < fnext then
     prune()
     if ffirst >= fnext then flights_gone = true end
   end

@@ -150,7 +150,7 @@ pub(super) fn op_args(op: &Op) -> (&'static str, Vec<i64>) {
             args.extend(sync.returnable.map(amount));
             args.extend(sync.margin.map(amount));
             args.extend(sync.margin_if_above.map(flag));
-            args.push(flag(sync.refused));
+            args.push(sync.refused.map_or(0, |back| 8 + i64::from(back.bits())));
             ("sync", args)
         }
         Op::Settle {

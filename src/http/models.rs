@@ -1,0 +1,225 @@
+//! What the gate knows of a provider's models before any call: how much output a call may
+//! write when its request names no `max_tokens`, and what a million tokens cost.
+//!
+//! The tables are the providers' published figures as of [`PUBLISHED`]; every entry can be
+//! overridden (a [`Profile`](super::Profile)'s [`models`](super::Profile::models), or a
+//! proxy's configuration). A model name matches the longest entry it starts with, at a `-`,
+//! `:`, `@` or `.` boundary, so that dated snapshots (`gpt-4o-2024-08-06`) take their family's
+//! figures while `gpt-4o-mini` keeps its own.
+
+use std::borrow::Cow;
+
+/// When the built-in figures were taken from the providers' pages.
+pub const PUBLISHED: &str = "2025-08";
+
+/// What a million tokens cost, in micro-dollars (`$2.50` is `2_500_000`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Price {
+    /// Input tokens.
+    pub input: u64,
+    /// Input tokens read from the provider's prompt cache.
+    pub cached_input: u64,
+    /// Output tokens (reasoning included).
+    pub output: u64,
+}
+
+impl Price {
+    /// A price from dollars per million tokens: input, cached input, output.
+    pub const fn dollars(input: f64, cached_input: f64, output: f64) -> Price {
+        Price {
+            input: (input * 1e6 + 0.5) as u64,
+            cached_input: (cached_input * 1e6 + 0.5) as u64,
+            output: (output * 1e6 + 0.5) as u64,
+        }
+    }
+}
+
+/// One model's figures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Model {
+    /// Its name, or the prefix of a family of names.
+    pub name: Cow<'static, str>,
+    /// The most output one call may write (what a call that names no `max_tokens` reserves).
+    pub max_output: u64,
+    /// Its price, when known.
+    pub price: Option<Price>,
+}
+
+impl Model {
+    /// A model with its most output and price.
+    pub fn new(name: impl Into<Cow<'static, str>>, max_output: u64, price: Option<Price>) -> Model {
+        Model {
+            name: name.into(),
+            max_output,
+            price,
+        }
+    }
+}
+
+const fn m(name: &'static str, max_output: u64, price: Price) -> Model {
+    Model {
+        name: Cow::Borrowed(name),
+        max_output,
+        price: Some(price),
+    }
+}
+
+/// Whether `model` is `name` or one of its family (`name` then a boundary).
+fn matches(model: &str, name: &str) -> bool {
+    model
+        .strip_prefix(name)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with(['-', ':', '@', '.']))
+}
+
+/// The entry of `table` that `model` matches most closely.
+pub(crate) fn find<'t>(table: &'t [Model], model: &str) -> Option<&'t Model> {
+    table
+        .iter()
+        .filter(|entry| matches(model, &entry.name))
+        .max_by_key(|entry| entry.name.len())
+}
+
+/// OpenAI's models (standard tier).
+pub fn openai() -> Vec<Model> {
+    vec![
+        m("gpt-5", 128_000, Price::dollars(1.25, 0.125, 10.0)),
+        m("gpt-5-mini", 128_000, Price::dollars(0.25, 0.025, 2.0)),
+        m("gpt-5-nano", 128_000, Price::dollars(0.05, 0.005, 0.40)),
+        m("gpt-4.1", 32_768, Price::dollars(2.0, 0.50, 8.0)),
+        m("gpt-4.1-mini", 32_768, Price::dollars(0.40, 0.10, 1.60)),
+        m("gpt-4.1-nano", 32_768, Price::dollars(0.10, 0.025, 0.40)),
+        m("gpt-4o", 16_384, Price::dollars(2.50, 1.25, 10.0)),
+        m("gpt-4o-mini", 16_384, Price::dollars(0.15, 0.075, 0.60)),
+        m("gpt-4-turbo", 4_096, Price::dollars(10.0, 10.0, 30.0)),
+        m("gpt-4", 8_192, Price::dollars(30.0, 30.0, 60.0)),
+        m("gpt-3.5-turbo", 4_096, Price::dollars(0.50, 0.50, 1.50)),
+        m("o1", 100_000, Price::dollars(15.0, 7.50, 60.0)),
+        m("o1-mini", 65_536, Price::dollars(1.10, 0.55, 4.40)),
+        m("o3", 100_000, Price::dollars(2.0, 0.50, 8.0)),
+        m("o3-mini", 100_000, Price::dollars(1.10, 0.55, 4.40)),
+        m("o4-mini", 100_000, Price::dollars(1.10, 0.275, 4.40)),
+        m("text-embedding-3-small", 0, Price::dollars(0.02, 0.02, 0.0)),
+        m("text-embedding-3-large", 0, Price::dollars(0.13, 0.13, 0.0)),
+        m("text-embedding-ada-002", 0, Price::dollars(0.10, 0.10, 0.0)),
+    ]
+}
+
+/// Anthropic's models. (`cached_input` is the price of a cache read; a cache write costs
+/// 1.25× input, which the spend currency charges.)
+pub fn anthropic() -> Vec<Model> {
+    vec![
+        m("claude-opus-4", 32_000, Price::dollars(15.0, 1.50, 75.0)),
+        m("claude-opus-4-1", 32_000, Price::dollars(15.0, 1.50, 75.0)),
+        m("claude-sonnet-4", 64_000, Price::dollars(3.0, 0.30, 15.0)),
+        m("claude-3-7-sonnet", 64_000, Price::dollars(3.0, 0.30, 15.0)),
+        m("claude-3-5-sonnet", 8_192, Price::dollars(3.0, 0.30, 15.0)),
+        m("claude-3-5-haiku", 8_192, Price::dollars(0.80, 0.08, 4.0)),
+        m("claude-3-opus", 4_096, Price::dollars(15.0, 1.50, 75.0)),
+        m("claude-3-haiku", 4_096, Price::dollars(0.25, 0.03, 1.25)),
+    ]
+}
+
+/// Gemini's models (through its OpenAI-compatible endpoint; prompts up to 200k tokens).
+pub fn gemini() -> Vec<Model> {
+    vec![
+        m("gemini-2.5-pro", 65_536, Price::dollars(1.25, 0.31, 10.0)),
+        m(
+            "gemini-2.5-flash",
+            65_536,
+            Price::dollars(0.30, 0.075, 2.50),
+        ),
+        m(
+            "gemini-2.5-flash-lite",
+            65_536,
+            Price::dollars(0.10, 0.025, 0.40),
+        ),
+        m("gemini-2.0-flash", 8_192, Price::dollars(0.10, 0.025, 0.40)),
+        m(
+            "gemini-2.0-flash-lite",
+            8_192,
+            Price::dollars(0.075, 0.075, 0.30),
+        ),
+    ]
+}
+
+/// Groq's models.
+pub fn groq() -> Vec<Model> {
+    vec![
+        m(
+            "llama-3.3-70b-versatile",
+            32_768,
+            Price::dollars(0.59, 0.59, 0.79),
+        ),
+        m(
+            "llama-3.1-8b-instant",
+            131_072,
+            Price::dollars(0.05, 0.05, 0.08),
+        ),
+    ]
+}
+
+/// Mistral's models.
+pub fn mistral() -> Vec<Model> {
+    vec![
+        m("mistral-large", 131_072, Price::dollars(2.0, 2.0, 6.0)),
+        m("mistral-medium", 131_072, Price::dollars(0.40, 0.40, 2.0)),
+        m("mistral-small", 131_072, Price::dollars(0.10, 0.10, 0.30)),
+        m("codestral", 256_000, Price::dollars(0.30, 0.30, 0.90)),
+    ]
+}
+
+/// Voyage AI's embedding models (they write no output).
+pub fn voyage() -> Vec<Model> {
+    vec![
+        m("voyage-3-large", 0, Price::dollars(0.18, 0.18, 0.0)),
+        m("voyage-3", 0, Price::dollars(0.06, 0.06, 0.0)),
+        m("voyage-3-lite", 0, Price::dollars(0.02, 0.02, 0.0)),
+        m("voyage-3.5", 0, Price::dollars(0.06, 0.06, 0.0)),
+        m("voyage-3.5-lite", 0, Price::dollars(0.02, 0.02, 0.0)),
+        m("voyage-code-3", 0, Price::dollars(0.18, 0.18, 0.0)),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_takes_its_closest_family() {
+        let table = openai();
+        let name = |model: &str| find(&table, model).map(|m| m.name.as_ref().to_owned());
+        assert_eq!(name("gpt-4o").as_deref(), Some("gpt-4o"));
+        assert_eq!(name("gpt-4o-2024-08-06").as_deref(), Some("gpt-4o"));
+        assert_eq!(
+            name("gpt-4o-mini-2024-07-18").as_deref(),
+            Some("gpt-4o-mini")
+        );
+        assert_eq!(name("gpt-4.1-nano").as_deref(), Some("gpt-4.1-nano"));
+        assert_eq!(name("o1-mini").as_deref(), Some("o1-mini"));
+        assert_eq!(name("o10"), None);
+        assert_eq!(name("gpt-4ox"), None);
+        assert_eq!(name("my-model"), None);
+        let claude = anthropic();
+        assert_eq!(
+            find(&claude, "claude-3-5-sonnet-20241022").map(|m| m.max_output),
+            Some(8_192)
+        );
+        assert_eq!(
+            find(&claude, "claude-opus-4-1-20250805").map(|m| m.name.as_ref()),
+            Some("claude-opus-4-1")
+        );
+    }
+
+    #[test]
+    fn prices_are_exact_micro_dollars() {
+        assert_eq!(
+            Price::dollars(2.50, 1.25, 10.0),
+            Price {
+                input: 2_500_000,
+                cached_input: 1_250_000,
+                output: 10_000_000
+            }
+        );
+        assert_eq!(Price::dollars(0.075, 0.0, 0.0).input, 75_000);
+    }
+}
