@@ -40,11 +40,24 @@ const MIN_SWEEP: usize = 1024;
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Debug)]
 pub struct Registry {
     store: AnyStore,
     policy: WaitPolicy,
     state: RwLock<State>,
+    label: Option<Box<LabelFn>>,
+}
+
+/// How a key's metrics are labelled (see [`Registry::label_keys`]).
+type LabelFn = dyn Fn(&str) -> String + Send + Sync;
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("store", &self.store)
+            .field("policy", &self.policy)
+            .field("labelled", &self.label.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -104,7 +117,27 @@ impl Registry {
                 limiters: HashMap::new(),
                 sweep_at: MIN_SWEEP,
             }),
+            label: None,
         }
+    }
+
+    /// Labels the metrics of each new limiter with `label(key)` instead of its key, so that
+    /// keys callers invent (one per tenant, per API key) share a few series:
+    ///
+    /// ```
+    /// use tollgate::{MemoryStore, Registry};
+    ///
+    /// let registry = Registry::new(MemoryStore::new()).label_keys(|key| {
+    ///     if key.contains(":tenant:") { "tenants".to_owned() } else { key.to_owned() }
+    /// });
+    /// # let _ = registry;
+    /// ```
+    pub fn label_keys(
+        mut self,
+        label: impl Fn(&str) -> String + Send + Sync + 'static,
+    ) -> Registry {
+        self.label = Some(Box::new(label));
+        self
     }
 
     /// The process-wide registry, on the store chosen by [`install_store`] (in memory by
@@ -130,7 +163,13 @@ impl Registry {
         if let Some(live) = state.limiters.get(key).and_then(WeakLimiter::upgrade) {
             return same_limits(live, limits);
         }
-        let limiter = Limiter::with_policy(key, limits.clone(), self.store.clone(), self.policy)?;
+        let mut builder = Limiter::builder(key, limits.clone())
+            .store(self.store.clone())
+            .policy(self.policy);
+        if let Some(label) = &self.label {
+            builder = builder.metrics_label(label(key));
+        }
+        let limiter = builder.build()?;
         state.sweep();
         state.limiters.insert(key.into(), limiter.downgrade());
         Ok(limiter)

@@ -1,5 +1,6 @@
-//! What the proxy serves: its address, its store, its upstreams with their profiles and
-//! limits, its tenants. Read from a TOML file (`--config proxy.toml`) or made from flags.
+//! What the proxy serves: its address, its store, its upstreams with their profiles, models and
+//! limits, its tenants, and the bounds on what a client or an upstream may hold. Read from a
+//! TOML file (`--config proxy.toml`) or made from flags.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -28,26 +29,67 @@ pub struct Config {
     pub listen: SocketAddr,
     /// A Redis URL: every proxy on it shares every key (default: in memory, this process).
     pub redis: Option<String>,
-    /// The largest request body accepted; larger ones get 413 before anything is charged
-    /// (default 32 MiB).
+    /// The largest request body accepted, as sent and as decoded from its `content-encoding`;
+    /// larger ones get 413 before anything is charged (default 32 MiB).
     pub max_body: usize,
     /// How long calls in flight may run on after SIGTERM (default 30 s).
     pub drain: Duration,
-    /// Paths no upstream meters: passed through unmetered, or refused with 404.
+    /// Paths no upstream meters: refused with 404 and a hint (the default), or passed through
+    /// unmetered.
     pub other_paths: OtherPaths,
+    /// What a client may hold, and for how long.
+    pub bounds: Bounds,
     /// Where tenants come from, and their windows.
     pub tenants: Tenants,
     /// The upstreams, in the order they are tried for a path.
     pub upstreams: Vec<Upstream>,
 }
 
+/// What a client may hold, and for how long. Every limit has a default.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bounds {
+    /// Connections open at once (default 4,096). Past it, the connection idle the longest is
+    /// closed to make room; when none is idle, the new one gets 503 and is closed. Never more
+    /// than the process's descriptor limit allows (raised to its hard limit at start).
+    pub max_connections: usize,
+    /// Request body bytes held in memory across all requests at once (default 256 MiB): a
+    /// body that would pass it gets 503.
+    pub max_buffered: usize,
+    /// The longest a client may take to send a request's head (default 30 s).
+    pub header_timeout: Duration,
+    /// The longest a connection may stay open with no request in flight and nothing sent:
+    /// a new one that sends nothing, a kept-alive one between requests, an HTTP/2 one with no
+    /// streams (default 60 s).
+    pub idle_timeout: Duration,
+    /// The longest a request's body may take, whatever its rate (default 60 s).
+    pub body_timeout: Duration,
+    /// The slowest a body may come, after its first 5 s (default 1,024 bytes a second): a
+    /// body that falls behind is answered 408.
+    pub body_min_rate: u64,
+}
+
+impl Default for Bounds {
+    fn default() -> Bounds {
+        Bounds {
+            max_connections: 4_096,
+            max_buffered: 256 << 20,
+            header_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+            body_timeout: Duration::from_secs(60),
+            body_min_rate: 1_024,
+        }
+    }
+}
+
 /// What happens to a path that no upstream meters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OtherPaths {
-    /// Sent on to the first upstream whose mount matches, unmetered.
+    /// Sent on to the first upstream whose mount matches, unmetered (and never with a
+    /// virtual key's stand-in, which reaches only the metered routes unless its tenant is
+    /// allowed more).
     Pass,
-    /// Answered 404 in the provider's shape.
+    /// Answered 404 in the provider's shape, naming the likely mistake.
     Refuse,
 }
 
@@ -56,10 +98,11 @@ pub enum OtherPaths {
 pub enum TenantFrom {
     /// Every call is one tenant's: no tenant windows.
     None,
-    /// The API key the client sent (`Authorization: Bearer`, `x-api-key`, `api-key`),
-    /// hashed: the key itself is never logged, shown in metrics, or kept.
+    /// The API key the client sent (`Authorization: Bearer`, `x-api-key`, `api-key`,
+    /// `x-goog-api-key`), hashed: the key itself is never logged, shown in metrics, or kept.
     Key,
-    /// A request header's value (a name like `team-a`; anything else is hashed).
+    /// A request header's value (a name like `team-a`; anything else is hashed), set by a
+    /// trusted proxy in front: trusted only with the shared secret, or on a trusted network.
     Header(http::HeaderName),
 }
 
@@ -73,6 +116,28 @@ pub struct Tenants {
     /// Virtual keys: the key a client presents → its tenant's name. When any are given, only
     /// these keys are accepted, and the upstream's own key (`api_key_env`) replaces them.
     pub virtual_keys: BTreeMap<String, String>,
+    /// The tenant of a call that names none; without one, such a call is refused (401).
+    pub default: Option<String>,
+    /// With header tenants: the shared secret (read from the environment variable named in
+    /// `header_secret_env`) that the proxy in front sends in `tollgate-tenant-secret`. A call
+    /// without it is refused.
+    pub header_secret: Option<String>,
+    /// With header tenants and no secret: the network is trusted (anyone who can reach the
+    /// proxy may name any tenant). Must be said explicitly.
+    pub trusted_network: bool,
+    /// What virtual keys may reach: the metered routes (and the free ones that spend nothing,
+    /// such as `count_tokens`) by default, or every route.
+    pub virtual_key_paths: KeyPaths,
+}
+
+/// What a virtual key may reach.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyPaths {
+    /// The metered routes, and the free routes that spend nothing.
+    Metered,
+    /// Every route, including paths passed through unmetered (`other_paths = "pass"`).
+    Any,
 }
 
 /// Where an upstream's keys get their limits.
@@ -82,6 +147,16 @@ pub enum LimitsFrom {
     Fixed(Limits),
     /// From the responses' `limit` headers, read per minute.
     Headers,
+}
+
+/// What happens to a call for a model the upstream does not list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnknownModels {
+    /// It shares the upstream's own key (one set of windows for every unlisted model).
+    Shared,
+    /// It is refused with 400.
+    Refuse,
 }
 
 /// One upstream API.
@@ -104,12 +179,28 @@ pub struct Upstream {
     /// A prefix taken off the client's path before it is appended to `url` (Gemini's
     /// OpenAI-compatible endpoint has no `/v1`).
     pub strip: String,
-    /// One key per model (the body's `model`; per deployment on Azure), or one for the
-    /// whole upstream.
+    /// One key per model, or one for the whole upstream. The models with keys of their own
+    /// are those listed in `models`, else the profile's known models (gpt-4o, claude-sonnet-4
+    /// ...; a dated name shares its family's key); any other name shares the upstream's key
+    /// (or is refused: `unknown_models`). Clients choose model names: they can never make
+    /// keys of their own.
     pub per_model: bool,
-    /// The longest a call waits for its toll, retries included, before it is answered 429
-    /// (default 60 s).
+    /// The models with keys of their own (names, or prefixes of families of names).
+    pub models: Vec<String>,
+    /// What happens to a model not listed (default: it shares the upstream's key).
+    pub unknown_models: UnknownModels,
+    /// What a call that names no `max_tokens` reserves for a model the profile doesn't know
+    /// (default: the profile's, 4,096).
+    pub default_max_tokens: Option<u64>,
+    /// The longest a call may take to get an answer's head: its wait for its toll, retries
+    /// included, and the upstream's first byte (default 120 s). Past it: 429 while waiting,
+    /// 504 while the upstream is silent.
     pub timeout: Duration,
+    /// The longest a connection to the upstream may take (default 10 s).
+    pub connect_timeout: Duration,
+    /// The longest an answer's body may go without a byte (default 300 s): a stream that
+    /// stalls longer is cut.
+    pub chunk_timeout: Duration,
     /// How many times a transient 429 from the upstream is retried here before it is handed
     /// to the client (default 3).
     pub retries: u32,
@@ -140,8 +231,12 @@ impl Upstream {
                 ));
             }
         };
-        Ok(match &self.estimator {
+        let profile = match &self.estimator {
             Some(name) => profile.estimator(name.clone()),
+            None => profile,
+        };
+        Ok(match self.default_max_tokens {
+            Some(tokens) => profile.default_output(tokens),
             None => profile,
         })
     }
@@ -151,6 +246,7 @@ impl Upstream {
         match self.profile.as_str() {
             "anthropic" => Family::Anthropic,
             "azure-openai" | "azure" => Family::Azure,
+            "voyage" | "voyageai" => Family::Voyage,
             _ => Family::OpenAi,
         }
     }
@@ -159,19 +255,25 @@ impl Upstream {
 /// The kind of API an upstream speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
-    /// OpenAI's paths and error bodies (OpenAI, Groq, Mistral, Gemini's endpoint, Voyage,
-    /// generic hosts).
+    /// OpenAI's paths and error bodies (OpenAI, Groq, Mistral, Gemini's endpoint, generic
+    /// hosts).
     OpenAi,
     /// Azure OpenAI's deployment paths, OpenAI's error bodies.
     Azure,
     /// Anthropic's messages API and error bodies.
     Anthropic,
+    /// Voyage AI's embeddings and reranking, OpenAI-style errors.
+    Voyage,
 }
 
 const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
 const DEFAULT_MAX_BODY: usize = 32 << 20;
 const DEFAULT_DRAIN: Duration = Duration::from_secs(30);
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+const DEFAULT_CONNECT: Duration = Duration::from_secs(10);
+const DEFAULT_CHUNK: Duration = Duration::from_secs(300);
+/// The environment variable a header tenant's shared secret is read from by default.
+pub const SECRET_HEADER: &str = "tollgate-tenant-secret";
 
 /// The file's shape.
 #[derive(Debug, Deserialize)]
@@ -182,6 +284,12 @@ struct File {
     max_body_bytes: Option<usize>,
     drain_seconds: Option<f64>,
     other_paths: Option<OtherPaths>,
+    max_connections: Option<usize>,
+    max_buffered_bytes: Option<usize>,
+    header_timeout_seconds: Option<f64>,
+    idle_timeout_seconds: Option<f64>,
+    body_timeout_seconds: Option<f64>,
+    body_min_bytes_per_second: Option<u64>,
     tenants: Option<TenantsFile>,
     #[serde(default, rename = "upstream")]
     upstreams: Vec<UpstreamFile>,
@@ -196,6 +304,10 @@ struct TenantsFile {
     output_tokens: Option<String>,
     #[serde(default)]
     virtual_keys: BTreeMap<String, String>,
+    default: Option<String>,
+    header_secret_env: Option<String>,
+    trusted_network: Option<bool>,
+    virtual_key_paths: Option<KeyPaths>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -212,7 +324,13 @@ struct UpstreamFile {
     mount: Option<String>,
     strip: Option<String>,
     per_model: Option<bool>,
+    #[serde(default)]
+    models: Vec<String>,
+    unknown_models: Option<UnknownModels>,
+    default_max_tokens: Option<u64>,
     timeout_seconds: Option<f64>,
+    connect_timeout_seconds: Option<f64>,
+    chunk_timeout_seconds: Option<f64>,
     retries: Option<u32>,
     http2_only: Option<bool>,
     api_key_env: Option<String>,
@@ -252,6 +370,23 @@ fn seconds(value: f64, what: &str, problems: &mut Vec<String>) -> Duration {
     }
 }
 
+/// A timeout of at least a millisecond (0 would close everything at once).
+fn timeout(
+    value: Option<f64>,
+    default: Duration,
+    what: &str,
+    problems: &mut Vec<String>,
+) -> Duration {
+    match value {
+        None => default,
+        Some(v) if v > 0.0 => seconds(v, what, problems),
+        Some(v) => {
+            problems.push(format!("{what}: {v}; a timeout must be above 0"));
+            default
+        }
+    }
+}
+
 /// Checks that a base URL has a scheme the proxy speaks and a host.
 pub fn upstream_url(text: &str) -> Result<http::Uri, String> {
     let url: http::Uri = text
@@ -277,6 +412,14 @@ fn prefix(text: Option<String>, what: &str, problems: &mut Vec<String>) -> Strin
         problems.push(format!("{what} `{text}` must start with `/`"));
     }
     text
+}
+
+/// A name shown in metrics and logs as it is: 1 to 64 of `A-Z a-z 0-9 . _ -`.
+pub(crate) fn plain_name(text: &str) -> bool {
+    (1..=64).contains(&text.len())
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 impl Config {
@@ -311,109 +454,46 @@ impl Config {
         let drain = file.drain_seconds.map_or(DEFAULT_DRAIN, |s| {
             seconds(s, "drain_seconds", &mut problems)
         });
+        let defaults = Bounds::default();
+        let bounds = Bounds {
+            max_connections: match file.max_connections {
+                Some(0) => {
+                    problems.push("max_connections: 0 admits no client".to_owned());
+                    defaults.max_connections
+                }
+                Some(n) => n,
+                None => defaults.max_connections,
+            },
+            max_buffered: file.max_buffered_bytes.unwrap_or(defaults.max_buffered),
+            header_timeout: timeout(
+                file.header_timeout_seconds,
+                defaults.header_timeout,
+                "header_timeout_seconds",
+                &mut problems,
+            ),
+            idle_timeout: timeout(
+                file.idle_timeout_seconds,
+                defaults.idle_timeout,
+                "idle_timeout_seconds",
+                &mut problems,
+            ),
+            body_timeout: timeout(
+                file.body_timeout_seconds,
+                defaults.body_timeout,
+                "body_timeout_seconds",
+                &mut problems,
+            ),
+            body_min_rate: file
+                .body_min_bytes_per_second
+                .unwrap_or(defaults.body_min_rate),
+        };
         let tenants = match file.tenants {
             None => Tenants::none(),
-            Some(t) => {
-                let from = match t.from.as_deref() {
-                    None | Some("none") => TenantFrom::None,
-                    Some("key") => TenantFrom::Key,
-                    Some(other) => match other.strip_prefix("header:") {
-                        Some(name) => match http::HeaderName::try_from(name.trim()) {
-                            Ok(name) => TenantFrom::Header(name),
-                            Err(_) => {
-                                problems
-                                    .push(format!("tenants.from: `{name}` is not a header name"));
-                                TenantFrom::None
-                            }
-                        },
-                        None => {
-                            problems.push(format!(
-                                "tenants.from: `{other}`; expected none, key or header:NAME"
-                            ));
-                            TenantFrom::None
-                        }
-                    },
-                };
-                let limits = limits_from(
-                    t.requests.as_deref(),
-                    t.tokens.as_deref(),
-                    t.output_tokens.as_deref(),
-                )
-                .unwrap_or_else(|e| {
-                    problems.push(format!("tenants: {e}"));
-                    None
-                });
-                let from = if !t.virtual_keys.is_empty() && from == TenantFrom::None {
-                    TenantFrom::Key
-                } else {
-                    from
-                };
-                Tenants {
-                    from,
-                    limits,
-                    virtual_keys: t.virtual_keys,
-                }
-            }
+            Some(t) => tenants(t, &mut problems),
         };
         let mut upstreams = Vec::new();
         for (i, u) in file.upstreams.into_iter().enumerate() {
-            let profile = u.profile.unwrap_or_else(|| "openai".to_owned());
-            let name = u.name.unwrap_or_else(|| profile.clone());
-            let what = format!("upstream `{name}`");
-            let url = upstream_url(&u.url).unwrap_or_else(|e| {
-                problems.push(format!("{what}: {e}"));
-                http::Uri::from_static("http://invalid")
-            });
-            let fixed = limits_from(
-                u.requests.as_deref(),
-                u.tokens.as_deref(),
-                u.output_tokens.as_deref(),
-            )
-            .unwrap_or_else(|e| {
-                problems.push(format!("{what}: {e}"));
-                None
-            });
-            let limits = match (u.limits.as_deref(), fixed) {
-                (Some("from-headers"), None) | (None, None) => LimitsFrom::Headers,
-                (None, Some(limits)) => LimitsFrom::Fixed(limits),
-                (Some("from-headers"), Some(_)) => {
-                    problems.push(format!(
-                        "{what}: limits = \"from-headers\" and rates at once; choose one"
-                    ));
-                    LimitsFrom::Headers
-                }
-                (Some(other), _) => {
-                    problems.push(format!(
-                        "{what}: limits = `{other}`; the only word it takes is \"from-headers\" (give rates with requests, tokens, output_tokens)"
-                    ));
-                    LimitsFrom::Headers
-                }
-            };
-            let upstream = Upstream {
-                name: name.clone(),
-                url,
-                profile,
-                estimator: u.estimator,
-                limits,
-                mount: prefix(u.mount, &format!("{what}: mount"), &mut problems),
-                strip: prefix(u.strip, &format!("{what}: strip"), &mut problems),
-                per_model: u.per_model.unwrap_or(true),
-                timeout: u.timeout_seconds.map_or(DEFAULT_TIMEOUT, |s| {
-                    seconds(s, &format!("{what}: timeout_seconds"), &mut problems)
-                }),
-                retries: u.retries.unwrap_or(3),
-                http2_only: u.http2_only.unwrap_or(false),
-                api_key_env: u.api_key_env,
-            };
-            if let Err(e) = upstream.library_profile() {
-                problems.push(e);
-            }
-            if name.is_empty() || name.contains([':', ' ']) {
-                problems.push(format!(
-                    "upstream {i}: name `{name}` must be non-empty, without `:` or spaces"
-                ));
-            }
-            upstreams.push(upstream);
+            upstreams.push(upstream(i, u, &mut problems));
         }
         let mut names: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
         names.sort_unstable();
@@ -423,6 +503,16 @@ impl Config {
         if upstreams.is_empty() {
             upstreams = Config::public_upstreams();
         }
+        if !tenants.virtual_keys.is_empty() {
+            for u in &upstreams {
+                if u.api_key_env.is_none() {
+                    problems.push(format!(
+                        "upstream `{}`: virtual keys are configured: give the upstream its real key with api_key_env",
+                        u.name
+                    ));
+                }
+            }
+        }
         if !problems.is_empty() {
             return Err(ConfigError(problems));
         }
@@ -431,7 +521,8 @@ impl Config {
             redis: file.redis,
             max_body: file.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY),
             drain,
-            other_paths: file.other_paths.unwrap_or(OtherPaths::Pass),
+            other_paths: file.other_paths.unwrap_or(OtherPaths::Refuse),
+            bounds,
             tenants,
             upstreams,
         })
@@ -445,7 +536,8 @@ impl Config {
             redis: None,
             max_body: DEFAULT_MAX_BODY,
             drain: DEFAULT_DRAIN,
-            other_paths: OtherPaths::Pass,
+            other_paths: OtherPaths::Refuse,
+            bounds: Bounds::default(),
             tenants: Tenants::none(),
             upstreams: Config::public_upstreams(),
         }
@@ -514,8 +606,183 @@ impl Config {
     }
 }
 
+fn tenants(t: TenantsFile, problems: &mut Vec<String>) -> Tenants {
+    let from = match t.from.as_deref() {
+        None | Some("none") => TenantFrom::None,
+        Some("key") => TenantFrom::Key,
+        Some(other) => match other.strip_prefix("header:") {
+            Some(name) => match http::HeaderName::try_from(name.trim()) {
+                Ok(name) => TenantFrom::Header(name),
+                Err(_) => {
+                    problems.push(format!("tenants.from: `{name}` is not a header name"));
+                    TenantFrom::None
+                }
+            },
+            None => {
+                problems.push(format!(
+                    "tenants.from: `{other}`; expected none, key or header:NAME"
+                ));
+                TenantFrom::None
+            }
+        },
+    };
+    let limits = limits_from(
+        t.requests.as_deref(),
+        t.tokens.as_deref(),
+        t.output_tokens.as_deref(),
+    )
+    .unwrap_or_else(|e| {
+        problems.push(format!("tenants: {e}"));
+        None
+    });
+    let from = if !t.virtual_keys.is_empty() && from == TenantFrom::None {
+        TenantFrom::Key
+    } else {
+        from
+    };
+    for (key, name) in &t.virtual_keys {
+        if !plain_name(name) {
+            problems.push(format!(
+                "tenants.virtual_keys: the tenant name `{name}` must be 1 to 64 of A-Z a-z 0-9 . _ -"
+            ));
+        }
+        if key.len() < 8 || key.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            problems.push(
+                "tenants.virtual_keys: a key must be at least 8 characters, without spaces"
+                    .to_owned(),
+            );
+        }
+    }
+    if let Some(default) = &t.default
+        && !plain_name(default)
+    {
+        problems.push(format!(
+            "tenants.default: `{default}` must be 1 to 64 of A-Z a-z 0-9 . _ -"
+        ));
+    }
+    let header_secret = match &t.header_secret_env {
+        Some(var) => match std::env::var(var) {
+            Ok(secret) if secret.len() >= 16 => Some(secret),
+            Ok(_) => {
+                problems.push(format!(
+                    "tenants.header_secret_env: the secret in {var} must be at least 16 characters"
+                ));
+                None
+            }
+            Err(_) => {
+                problems.push(format!(
+                    "tenants.header_secret_env: the environment variable {var} is not set"
+                ));
+                None
+            }
+        },
+        None => None,
+    };
+    let trusted_network = t.trusted_network.unwrap_or(false);
+    if matches!(from, TenantFrom::Header(_)) && header_secret.is_none() && !trusted_network {
+        problems.push(format!(
+            "tenants.from = \"header:...\": anyone could name any tenant; give header_secret_env (the proxy in front sends the secret in `{SECRET_HEADER}`), or say trusted_network = true"
+        ));
+    }
+    Tenants {
+        from,
+        limits,
+        virtual_keys: t.virtual_keys,
+        default: t.default,
+        header_secret,
+        trusted_network,
+        virtual_key_paths: t.virtual_key_paths.unwrap_or(KeyPaths::Metered),
+    }
+}
+
+fn upstream(i: usize, u: UpstreamFile, problems: &mut Vec<String>) -> Upstream {
+    let profile = u.profile.unwrap_or_else(|| "openai".to_owned());
+    let name = u.name.unwrap_or_else(|| profile.clone());
+    let what = format!("upstream `{name}`");
+    let url = upstream_url(&u.url).unwrap_or_else(|e| {
+        problems.push(format!("{what}: {e}"));
+        http::Uri::from_static("http://invalid")
+    });
+    let fixed = limits_from(
+        u.requests.as_deref(),
+        u.tokens.as_deref(),
+        u.output_tokens.as_deref(),
+    )
+    .unwrap_or_else(|e| {
+        problems.push(format!("{what}: {e}"));
+        None
+    });
+    let limits = match (u.limits.as_deref(), fixed) {
+        (Some("from-headers"), None) | (None, None) => LimitsFrom::Headers,
+        (None, Some(limits)) => LimitsFrom::Fixed(limits),
+        (Some("from-headers"), Some(_)) => {
+            problems.push(format!(
+                "{what}: limits = \"from-headers\" and rates at once; choose one"
+            ));
+            LimitsFrom::Headers
+        }
+        (Some(other), _) => {
+            problems.push(format!(
+                "{what}: limits = `{other}`; the only word it takes is \"from-headers\" (give rates with requests, tokens, output_tokens)"
+            ));
+            LimitsFrom::Headers
+        }
+    };
+    for model in &u.models {
+        if model.is_empty() || model.len() > 128 || model.chars().any(char::is_control) {
+            problems.push(format!(
+                "{what}: models: `{}` is not a model name",
+                model.escape_debug()
+            ));
+        }
+    }
+    let upstream = Upstream {
+        name: name.clone(),
+        url,
+        profile,
+        estimator: u.estimator,
+        limits,
+        mount: prefix(u.mount, &format!("{what}: mount"), problems),
+        strip: prefix(u.strip, &format!("{what}: strip"), problems),
+        per_model: u.per_model.unwrap_or(true),
+        models: u.models,
+        unknown_models: u.unknown_models.unwrap_or(UnknownModels::Shared),
+        default_max_tokens: u.default_max_tokens,
+        timeout: timeout(
+            u.timeout_seconds,
+            DEFAULT_TIMEOUT,
+            &format!("{what}: timeout_seconds"),
+            problems,
+        ),
+        connect_timeout: timeout(
+            u.connect_timeout_seconds,
+            DEFAULT_CONNECT,
+            &format!("{what}: connect_timeout_seconds"),
+            problems,
+        ),
+        chunk_timeout: timeout(
+            u.chunk_timeout_seconds,
+            DEFAULT_CHUNK,
+            &format!("{what}: chunk_timeout_seconds"),
+            problems,
+        ),
+        retries: u.retries.unwrap_or(3),
+        http2_only: u.http2_only.unwrap_or(false),
+        api_key_env: u.api_key_env,
+    };
+    if let Err(e) = upstream.library_profile() {
+        problems.push(e);
+    }
+    if name.is_empty() || name.contains([':', ' ']) || !plain_name(&name) {
+        problems.push(format!(
+            "upstream {i}: name `{name}` must be 1 to 64 of A-Z a-z 0-9 . _ -"
+        ));
+    }
+    upstream
+}
+
 impl Upstream {
-    /// An upstream with the defaults: no mount, one key per model, 60 s, 3 retries.
+    /// An upstream with the defaults: no mount, one key per known model, 120 s, 3 retries.
     pub fn new(name: &str, url: http::Uri, profile: &str, limits: LimitsFrom) -> Upstream {
         Upstream {
             name: name.to_owned(),
@@ -526,7 +793,12 @@ impl Upstream {
             mount: String::new(),
             strip: String::new(),
             per_model: true,
+            models: Vec::new(),
+            unknown_models: UnknownModels::Shared,
+            default_max_tokens: None,
             timeout: DEFAULT_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT,
+            chunk_timeout: DEFAULT_CHUNK,
             retries: 3,
             http2_only: false,
             api_key_env: None,
@@ -541,7 +813,16 @@ impl Tenants {
             from: TenantFrom::None,
             limits: None,
             virtual_keys: BTreeMap::new(),
+            default: None,
+            header_secret: None,
+            trusted_network: false,
+            virtual_key_paths: KeyPaths::Metered,
         }
+    }
+
+    /// Whether calls have tenants at all.
+    pub fn any(&self) -> bool {
+        self.from != TenantFrom::None || !self.virtual_keys.is_empty()
     }
 }
 
@@ -575,13 +856,15 @@ mod tests {
     }
 
     #[test]
-    fn an_empty_file_serves_the_public_apis_from_their_headers() {
+    fn an_empty_file_serves_the_public_apis_from_their_headers_and_refuses_other_paths() {
         let config = Config::from_toml("").unwrap();
         assert_eq!(config.listen, "127.0.0.1:8787".parse().unwrap());
         let names: Vec<&str> = config.upstreams.iter().map(|u| u.name.as_str()).collect();
         assert_eq!(names, ["openai", "anthropic"]);
         assert!(matches!(config.upstreams[0].limits, LimitsFrom::Headers));
         assert_eq!(config.max_body, 32 << 20);
+        assert_eq!(config.other_paths, OtherPaths::Refuse);
+        assert_eq!(config.bounds, Bounds::default());
     }
 
     #[test]
@@ -607,17 +890,68 @@ mod tests {
     }
 
     #[test]
-    fn virtual_keys_make_tenants_come_from_keys() {
+    fn virtual_keys_make_tenants_come_from_keys_and_need_the_real_key() {
+        let err = Config::from_toml(
+            r#"
+            [tenants]
+            requests = "10/m"
+            virtual_keys = { "vk-1-long-enough" = "alice" }
+            "#,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("api_key_env"), "{err}");
         let config = Config::from_toml(
             r#"
             [tenants]
             requests = "10/m"
-            virtual_keys = { "vk-1" = "alice" }
+            virtual_keys = { "vk-1-long-enough" = "alice" }
+            [[upstream]]
+            url = "http://127.0.0.1:1"
+            api_key_env = "X"
             "#,
         )
         .unwrap();
         assert_eq!(config.tenants.from, TenantFrom::Key);
-        assert_eq!(config.tenants.virtual_keys["vk-1"], "alice");
+        assert_eq!(config.tenants.virtual_keys["vk-1-long-enough"], "alice");
         assert_eq!(config.tenants.limits.unwrap().to_string(), "requests 10/m");
+        assert_eq!(config.tenants.virtual_key_paths, KeyPaths::Metered);
+    }
+
+    #[test]
+    fn a_header_tenant_needs_a_secret_or_a_trusted_network() {
+        let err = Config::from_toml("[tenants]\nfrom = \"header:x-team\"\n").unwrap_err();
+        assert!(
+            err.to_string().contains("anyone could name any tenant"),
+            "{err}"
+        );
+        let config =
+            Config::from_toml("[tenants]\nfrom = \"header:x-team\"\ntrusted_network = true\n")
+                .unwrap();
+        assert!(config.tenants.trusted_network);
+        let err = Config::from_toml(
+            "[tenants]\nfrom = \"header:x-team\"\nheader_secret_env = \"TOLLGATE_NO_SUCH_VARIABLE\"\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("is not set"), "{err}");
+    }
+
+    #[test]
+    fn bounds_and_timeouts_have_defaults_and_refuse_zero() {
+        let err = Config::from_toml(
+            "max_connections = 0\nidle_timeout_seconds = 0\n[[upstream]]\nurl = \"http://a\"\ntimeout_seconds = -1\n",
+        )
+        .unwrap_err();
+        assert_eq!(err.0.len(), 3, "{err}");
+        let config = Config::from_toml(
+            "idle_timeout_seconds = 5\nmax_buffered_bytes = 1000\n[[upstream]]\nurl = \"http://a\"\nchunk_timeout_seconds = 7\nmodels = [\"m1\"]\nunknown_models = \"refuse\"\n",
+        )
+        .unwrap();
+        assert_eq!(config.bounds.idle_timeout, Duration::from_secs(5));
+        assert_eq!(config.bounds.max_buffered, 1000);
+        let u = &config.upstreams[0];
+        assert_eq!(u.chunk_timeout, Duration::from_secs(7));
+        assert_eq!(u.timeout, Duration::from_secs(120));
+        assert_eq!(u.models, ["m1"]);
+        assert_eq!(u.unknown_models, UnknownModels::Refuse);
     }
 }

@@ -32,15 +32,19 @@
 //! # }
 //! ```
 
+mod accept;
+mod admit;
+mod answer;
 pub mod config;
-pub mod errors;
-pub mod metrics;
+mod forward;
+mod metrics;
 mod proxy;
-pub mod relay;
-pub mod route;
-mod serve;
-pub mod tenant;
+mod relay;
+mod route;
+mod state;
+mod tenant;
 
+pub use accept::{Drained, Proxy, Running};
 pub use config::{Config, ConfigError};
-pub use proxy::StartError;
-pub use serve::{Drained, Proxy, Running};
+pub use relay::Relay;
+pub use state::StartError;

@@ -1,44 +1,42 @@
-//! The body the client reads: the upstream's bytes handed on as they come, read for usage on
-//! the way, and the call settled when the usage has passed, when the body ends, or from what
-//! was seen when the client goes away.
+//! The body the client reads: one the proxy wrote, or the upstream's, handed on as it comes.
+//! A metered one goes through the library's [`Metered`] body (usage read on the way, the call
+//! settled at its end, generated text counted when no usage comes); every upstream body is cut
+//! when it goes silent longer than its upstream's `chunk_timeout`.
 
+use std::future::Future as _;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use serde_json::Value;
-use tollgate::http::{Call, Reported, UsageScanner};
-use tollgate::{Estimator, Permit};
+use metrics::Counter;
+use tokio::time::{Instant, Sleep};
+use tollgate::http::Metered;
 
-use crate::proxy::Upstreamed;
-
-/// The most of a stream's text kept to count what the client saw, if it goes away early.
-const SEEN_MOST: usize = 1 << 20;
+/// An error of the body the client reads.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A response body: one the proxy wrote, or the upstream's, metered or not.
 pub struct Relay {
     inner: Inner,
-    meter: Option<Box<Meter>>,
+    /// What the body keeps alive until the client is done with it (the connection's count of
+    /// requests in flight).
+    held: Option<Box<dyn Send + Sync>>,
 }
 
 enum Inner {
     Full(Option<Bytes>),
-    Upstream(Incoming),
-}
-
-/// What settles a metered call.
-pub(crate) struct Meter {
-    pub(crate) call: Call,
-    pub(crate) tenant: Option<Permit>,
-    pub(crate) scanner: UsageScanner,
-    pub(crate) upstream: Arc<Upstreamed>,
-    /// A stream's request body, to estimate its input if the client leaves before the usage.
-    pub(crate) request: Option<Bytes>,
-    /// The text of a stream's events so far, and the unfinished line.
-    pub(crate) seen: Option<Seen>,
+    Plain(Gapped<Incoming>),
+    Metered {
+        body: Box<Metered<Gapped<Incoming>>>,
+        /// A server-sent stream (for counting streams a client left).
+        stream: bool,
+        /// Streams the client left before their end.
+        left: Counter,
+        ended: bool,
+    },
 }
 
 impl Relay {
@@ -46,75 +44,69 @@ impl Relay {
     pub fn full(bytes: Bytes) -> Relay {
         Relay {
             inner: Inner::Full(Some(bytes)),
-            meter: None,
+            held: None,
         }
     }
 
     /// The upstream's body, handed on unmetered.
-    pub fn plain(body: Incoming) -> Relay {
+    pub(crate) fn plain(body: Incoming, gap: Duration, stalled: Counter) -> Relay {
         Relay {
-            inner: Inner::Upstream(body),
-            meter: None,
+            inner: Inner::Plain(Gapped::new(body, gap, stalled)),
+            held: None,
         }
     }
 
-    /// The upstream's body, read for usage as it passes.
-    pub(crate) fn metered(body: Incoming, meter: Meter) -> Relay {
+    /// The upstream's body, metered.
+    pub(crate) fn metered(
+        body: Box<Metered<Gapped<Incoming>>>,
+        stream: bool,
+        left: Counter,
+    ) -> Relay {
         Relay {
-            inner: Inner::Upstream(body),
-            meter: Some(Box::new(meter)),
+            inner: Inner::Metered {
+                body,
+                stream,
+                left,
+                ended: false,
+            },
+            held: None,
         }
     }
 
-    /// Settles now with what the body reported (in a task of its own: the bytes don't wait).
-    fn settle(&mut self) {
-        if let Some(meter) = self.meter.take() {
-            conclude(*meter);
-        }
+    /// Keeps `held` alive for as long as the client reads the body.
+    pub(crate) fn holding(mut self, held: Box<dyn Send + Sync>) -> Relay {
+        self.held = Some(held);
+        self
     }
 }
 
 impl Body for Relay {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        let polled = match &mut this.inner {
-            Inner::Full(bytes) => return Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-            Inner::Upstream(body) => Pin::new(body).poll_frame(cx),
-        };
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let (Some(meter), Some(data)) = (this.meter.as_mut(), frame.data_ref()) {
-                    meter.scanner.feed(data);
-                    if let Some(seen) = meter.seen.as_mut() {
-                        seen.feed(data);
-                    }
-                    if meter.scanner.is_done() {
-                        this.settle();
-                    }
+        match &mut this.inner {
+            Inner::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            Inner::Plain(body) => Pin::new(body).poll_frame(cx),
+            Inner::Metered { body, ended, .. } => {
+                let polled = Pin::new(&mut **body).poll_frame(cx);
+                if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+                    *ended = true;
                 }
+                polled
             }
-            Poll::Ready(None) => this.settle(),
-            // The upstream failed mid-body: what was seen is what settles.
-            Poll::Ready(Some(Err(_))) => {
-                if let Some(meter) = this.meter.take() {
-                    cut_short(*meter);
-                }
-            }
-            Poll::Pending => {}
         }
-        polled
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.inner {
             Inner::Full(bytes) => bytes.is_none(),
-            Inner::Upstream(body) => self.meter.is_none() && body.is_end_stream(),
+            Inner::Plain(body) => body.is_end_stream(),
+            Inner::Metered { body, .. } => body.is_end_stream(),
         }
     }
 
@@ -122,177 +114,99 @@ impl Body for Relay {
         match &self.inner {
             Inner::Full(Some(bytes)) => SizeHint::with_exact(bytes.len() as u64),
             Inner::Full(None) => SizeHint::with_exact(0),
-            Inner::Upstream(body) => body.size_hint(),
+            Inner::Plain(body) => body.size_hint(),
+            Inner::Metered { body, .. } => body.size_hint(),
         }
     }
 }
 
 impl Drop for Relay {
     fn drop(&mut self) {
-        // The client went away (or hyper stopped reading) before the usage passed: dropping
-        // the upstream's body closes its connection, which cancels the call there.
-        if let Some(meter) = self.meter.take() {
-            cut_short(*meter);
+        // A stream the client left before its end (or before its call settled): counted.
+        // The metered body keeps the call's reservation (or charges what was generated, if
+        // more) in its own drop.
+        if let Inner::Metered {
+            body,
+            stream: true,
+            left,
+            ended: false,
+        } = &self.inner
+            && body.is_settling()
+        {
+            left.increment(1);
         }
     }
 }
 
-/// Settles a call whose body ended: with the usage it reported, if it did; for a stream
-/// that reported none (an OpenAI stream without `include_usage`, or one cut short), with its
-/// input (reported, or estimated) and the output the client saw; for a plain body without
-/// usage, the estimate stands.
-fn conclude(meter: Meter) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    let mut reported = meter.scanner.finish();
-    let complete = reported.output.is_some() || reported.total.is_some();
-    let Some(seen) = meter.seen.filter(|_| !complete) else {
-        if !reported.is_empty() {
-            runtime.spawn(settle(meter.call, meter.tenant, reported, meter.upstream));
-        }
-        // Without usage the estimate stands: dropping the call and the permit keeps it.
-        return;
-    };
-    let upstream = meter.upstream;
-    let request = meter.request;
-    let (call, tenant) = (meter.call, meter.tenant);
-    runtime.spawn(async move {
-        let estimator: &dyn Estimator = &*upstream.estimator;
-        let seen_output = estimator.count(&seen.text) as u64;
-        if reported.input.is_none() {
-            let body: Value = request
-                .as_deref()
-                .and_then(|b| serde_json::from_slice(b).ok())
-                .unwrap_or(Value::Null);
-            reported.input = tollgate::estimators::estimate(estimator, &body)
-                .ok()
-                .map(|e| e.input_tokens);
-        }
-        reported.output = Some(reported.output.unwrap_or(0).max(seen_output));
-        settle(call, tenant, reported, upstream).await;
-    });
+/// A body that fails when it goes `gap` without a frame: an upstream that stalls can't hold
+/// the client (or the proxy) for ever.
+pub(crate) struct Gapped<B> {
+    inner: B,
+    gap: Duration,
+    timer: Pin<Box<Sleep>>,
+    stalled: Counter,
 }
 
-/// A body that ended before its end: counted, then settled as far as it was seen.
-fn cut_short(meter: Meter) {
-    meter.upstream.metrics.cut_short.increment(1);
-    conclude(meter);
-}
-
-/// Settles the call at the upstream's key and the tenant's windows with `reported`.
-async fn settle(call: Call, tenant: Option<Permit>, reported: Reported, upstream: Arc<Upstreamed>) {
-    match call.finish(reported).await {
-        Ok(usage) => {
-            let tokens = usage.tokens.unwrap_or(0) + usage.output_tokens.unwrap_or(0);
-            upstream.metrics.settled_tokens.increment(tokens);
-        }
-        Err(err) => tracing::warn!(upstream = %upstream.name, %err, "could not settle a call"),
-    }
-    if let Some(permit) = tenant {
-        let usage = reported.usage(upstream.gate.profile(), permit.limiter().limits());
-        if let Err(err) = permit.settle_usage(usage).await {
-            tracing::warn!(upstream = %upstream.name, %err, "could not settle a tenant's call");
+impl<B> Gapped<B> {
+    pub(crate) fn new(inner: B, gap: Duration, stalled: Counter) -> Gapped<B> {
+        Gapped {
+            inner,
+            gap,
+            timer: Box::pin(tokio::time::sleep(gap)),
+            stalled,
         }
     }
 }
 
-/// The text a stream's events carried: what the client saw of the output.
-#[derive(Debug, Default)]
-pub(crate) struct Seen {
-    text: String,
-    line: Vec<u8>,
+/// An upstream body that went silent too long.
+#[derive(Debug)]
+pub(crate) struct Stalled(Duration);
+
+impl std::fmt::Display for Stalled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the upstream sent nothing for {:?}; its answer was cut",
+            self.0
+        )
+    }
 }
 
-impl Seen {
-    /// Reads the `data:` lines of server-sent events for the text they carry.
-    pub(crate) fn feed(&mut self, bytes: &[u8]) {
-        for piece in bytes.split_inclusive(|b| *b == b'\n') {
-            if self.line.len() + piece.len() <= SEEN_MOST {
-                self.line.extend_from_slice(piece);
+impl std::error::Error for Stalled {}
+
+impl<B> Body for Gapped<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                this.timer.as_mut().reset(Instant::now() + this.gap);
+                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
             }
-            if piece.ends_with(b"\n") {
-                let line = std::mem::take(&mut self.line);
-                self.line_done(&line);
-            }
+            Poll::Pending => match this.timer.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    this.stalled.increment(1);
+                    Poll::Ready(Some(Err(Box::new(Stalled(this.gap)))))
+                }
+                Poll::Pending => Poll::Pending,
+            },
         }
     }
 
-    fn line_done(&mut self, line: &[u8]) {
-        let Some(data) = line.strip_prefix(b"data:") else {
-            return;
-        };
-        let Ok(event) = serde_json::from_slice::<Value>(data.trim_ascii()) else {
-            return;
-        };
-        let mut add = |text: Option<&str>| {
-            if let Some(text) = text
-                && self.text.len() + text.len() <= SEEN_MOST
-            {
-                self.text.push_str(text);
-            }
-        };
-        // OpenAI chat chunks and completions.
-        if let Some(choices) = event.get("choices").and_then(Value::as_array) {
-            for choice in choices {
-                add(choice
-                    .get("delta")
-                    .and_then(|d| d.get("content"))
-                    .and_then(Value::as_str));
-                add(choice.get("text").and_then(Value::as_str));
-            }
-        }
-        match event.get("delta") {
-            // Anthropic's content_block_delta.
-            Some(Value::Object(delta)) => add(delta.get("text").and_then(Value::as_str)),
-            // The responses API's output_text.delta.
-            Some(Value::String(text)) => add(Some(text)),
-            _ => {}
-        }
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
     }
 
-    /// The text seen so far.
-    #[cfg(test)]
-    pub(crate) fn text(&self) -> &str {
-        &self.text
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_text_of_every_kind_of_stream_is_seen_across_pieces() {
-        let mut seen = Seen::default();
-        let events = concat!(
-            "data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n",
-            "event: content_block_delta\n",
-            "data: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"lo, \"}}\n\n",
-            "data: {\"type\":\"response.output_text.delta\",\"delta\":\"wor\"}\n\n",
-            "data: {\"choices\":[{\"text\":\"ld\"}]}\n\n",
-            "data: [DONE]\n\n",
-        );
-        // Cut anywhere, the same text comes out.
-        for cut in [1, 7, 33, 100] {
-            let mut seen_cut = Seen::default();
-            for piece in events.as_bytes().chunks(cut) {
-                seen_cut.feed(piece);
-            }
-            assert_eq!(seen_cut.text(), "Hello, world", "cut every {cut}");
-        }
-        seen.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"unfinished");
-        assert_eq!(seen.text(), "");
-    }
-
-    #[test]
-    fn an_endless_line_is_not_kept() {
-        let mut seen = Seen::default();
-        let huge = vec![b'x'; SEEN_MOST + 10];
-        seen.feed(b"data: ");
-        seen.feed(&huge);
-        assert!(seen.line.len() <= SEEN_MOST);
-        seen.feed(b"\ndata: {\"delta\":\"ok\"}\n");
-        assert_eq!(seen.text(), "ok");
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }

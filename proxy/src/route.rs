@@ -1,78 +1,145 @@
-//! Which upstream a path goes to, whether it is metered, and the URL it is sent to.
+//! Which upstream a path goes to, whether it is metered, and the URL it is sent to. Routes
+//! match the path as the upstream's server will read it (percent-encoded letters decoded), and
+//! fail closed: a path no upstream meters is refused with a hint at the likely mistake, unless
+//! the configuration passes such paths on.
 
 use crate::config::{Family, OtherPaths, Upstream};
 
 /// Whether a call pays its toll.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// A call the profile meters: estimated, admitted, synced, settled.
     Metered,
-    /// Sent on as it is (Anthropic's `count_tokens`, other paths when configured so).
-    Unmetered,
+    /// A call that spends nothing at the provider (Anthropic's `count_tokens`, model lists,
+    /// moderation, reading a stored response): sent on as it is.
+    Free,
+    /// A path no upstream meters, passed on unmetered because `other_paths = "pass"`.
+    Passed,
 }
 
 /// Where one request goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Route {
+pub(crate) struct Route {
     /// The upstream's index in the configuration.
-    pub upstream: usize,
-    /// Metered or not.
-    pub kind: Kind,
+    pub(crate) upstream: usize,
+    /// Metered, free or passed.
+    pub(crate) kind: Kind,
     /// The path (and query) to send to the upstream, appended to its base URL's path.
-    pub path: String,
+    pub(crate) path: String,
+    /// A short name for metrics: `chat`, `responses`, `messages`, ... or `other`.
+    pub(crate) name: &'static str,
 }
 
 /// Why a path has no route.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NoRoute {
-    /// No upstream meters it, and other paths are refused.
-    Refused,
-    /// No upstream is mounted there.
-    Unmounted,
-    /// `..` or an empty segment: never forwarded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum NoRoute {
+    /// No upstream meters it, and other paths are refused: the hint says what was likely
+    /// meant, and the family is the shape to answer in.
+    Refused { hint: String, family: Family },
+    /// `..`, an empty segment, or a percent-encoding of anything but a letter, digit or
+    /// `-._~`: never forwarded.
     Malformed,
 }
 
-/// The paths a family meters (after the mount).
-pub fn metered(family: Family, path: &str) -> bool {
+/// The routes of a family, after the mount: metered, free, or neither; with their names.
+fn kind_of(family: Family, method: &http::Method, path: &str) -> Option<(Kind, &'static str)> {
+    use Kind::{Free, Metered};
+    let post = method == http::Method::POST;
+    let read = method == http::Method::GET;
     match family {
-        Family::OpenAi => matches!(
-            path,
-            "/v1/chat/completions" | "/v1/responses" | "/v1/completions" | "/v1/embeddings"
-        ),
-        Family::Anthropic => path == "/v1/messages",
-        Family::Azure => azure_deployment(path).is_some_and(|(_, rest)| {
-            matches!(rest, "/chat/completions" | "/completions" | "/embeddings")
-        }),
+        Family::OpenAi => match path {
+            "/v1/chat/completions" if post => Some((Metered, "chat")),
+            "/v1/responses" if post => Some((Metered, "responses")),
+            "/v1/completions" if post => Some((Metered, "completions")),
+            "/v1/embeddings" if post => Some((Metered, "embeddings")),
+            "/v1/moderations" if post => Some((Free, "moderations")),
+            "/v1/models" if read => Some((Free, "models")),
+            _ if read && segments_after(path, "/v1/models/") == Some(1) => Some((Free, "models")),
+            // Reading a stored response, its input items, or cancelling one spends nothing.
+            _ if (read || method == http::Method::DELETE)
+                && matches!(segments_after(path, "/v1/responses/"), Some(1)) =>
+            {
+                Some((Free, "responses"))
+            }
+            _ if read && path.starts_with("/v1/responses/") && path.ends_with("/input_items") => {
+                Some((Free, "responses"))
+            }
+            _ => None,
+        },
+        Family::Azure => {
+            let (_, rest) = azure_deployment(path)?;
+            match rest {
+                "/chat/completions" | "/completions" if post => Some((Metered, "chat")),
+                "/embeddings" if post => Some((Metered, "embeddings")),
+                _ => None,
+            }
+        }
+        Family::Anthropic => match path {
+            "/v1/messages" if post => Some((Metered, "messages")),
+            "/v1/messages/count_tokens" if post => Some((Free, "count_tokens")),
+            "/v1/models" if read => Some((Free, "models")),
+            _ if read && segments_after(path, "/v1/models/") == Some(1) => Some((Free, "models")),
+            _ => None,
+        },
+        Family::Voyage => match path {
+            "/v1/embeddings" if post => Some((Metered, "embeddings")),
+            "/v1/multimodalembeddings" if post => Some((Metered, "embeddings")),
+            "/v1/contextualizedembeddings" if post => Some((Metered, "embeddings")),
+            "/v1/rerank" if post => Some((Metered, "rerank")),
+            _ => None,
+        },
     }
 }
 
-/// The paths a family passes through unmetered whatever `other_paths` says.
-fn free(family: Family, path: &str) -> bool {
-    family == Family::Anthropic && path == "/v1/messages/count_tokens"
+/// How many non-empty segments follow `prefix` in `path`, if it starts with it.
+fn segments_after(path: &str, prefix: &str) -> Option<usize> {
+    let rest = path.strip_prefix(prefix)?;
+    Some(rest.split('/').filter(|s| !s.is_empty()).count())
 }
 
 /// An Azure path's deployment name and what follows it:
 /// `/openai/deployments/{name}/chat/completions` → (`name`, `/chat/completions`).
-pub fn azure_deployment(path: &str) -> Option<(&str, &str)> {
+pub(crate) fn azure_deployment(path: &str) -> Option<(&str, &str)> {
     let rest = path.strip_prefix("/openai/deployments/")?;
     let (name, rest) = rest.split_at(rest.find('/')?);
     (!name.is_empty()).then_some((name, rest))
 }
 
-/// A dot, slash or backslash written so that this router sees a name and the upstream, once
-/// it decodes the path, sees a step up or another path: `/v1/%2e%2e/v1/chat/completions` must
-/// not pass unmetered to a server that normalizes it into a chat call.
-fn disguised(path: &str) -> bool {
+/// The path as a server reads it: percent-encoded unreserved characters (letters, digits,
+/// `-._~`) decoded, as RFC 3986 §6.2.2.2 says and as uvicorn, Starlette and the others do;
+/// `None` when any other percent-encoding is left (a slash, a backslash, a control byte, a
+/// `%`: a server decodes those into another path than the one routed here), or a `;`.
+pub(crate) fn normalize(path: &str) -> Option<String> {
     let bytes = path.as_bytes();
-    bytes.contains(&b'\\')
-        || bytes.windows(3).any(|w| {
-            w[0] == b'%'
-                && matches!(
-                    (w[1], w[2].to_ascii_lowercase()),
-                    (b'2', b'e' | b'f') | (b'5', b'c')
-                )
-        })
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = |b: u8| (b as char).to_digit(16);
+                let (Some(hi), Some(lo)) = (
+                    bytes.get(i + 1).copied().and_then(hex),
+                    bytes.get(i + 2).copied().and_then(hex),
+                ) else {
+                    return None;
+                };
+                let decoded = (hi * 16 + lo) as u8;
+                if !(decoded.is_ascii_alphanumeric()
+                    || matches!(decoded, b'-' | b'.' | b'_' | b'~'))
+                {
+                    return None;
+                }
+                out.push(decoded);
+                i += 3;
+            }
+            b';' | b'\\' => return None,
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// Whether `path` is under `mount` at a segment boundary; the rest if so.
@@ -81,32 +148,34 @@ fn under<'p>(path: &'p str, mount: &str) -> Option<&'p str> {
     (rest.is_empty() || rest.starts_with('/')).then_some(rest)
 }
 
-/// The route of a request's path and query.
-///
-/// ```
-/// use tollgate_proxy::config::{Config, OtherPaths};
-/// use tollgate_proxy::route::{Kind, route};
-///
-/// let config = Config::public(); // openai, then anthropic
-/// let chat = route(&config.upstreams, OtherPaths::Pass, "/v1/chat/completions").unwrap();
-/// assert_eq!((chat.upstream, chat.kind), (0, Kind::Metered));
-/// let messages = route(&config.upstreams, OtherPaths::Pass, "/v1/messages?beta=true").unwrap();
-/// assert_eq!((messages.upstream, messages.kind), (1, Kind::Metered));
-/// assert_eq!(messages.path, "/v1/messages?beta=true");
-/// ```
-pub fn route(
+/// The shape a client speaks, from its headers: Anthropic's SDKs send `anthropic-version`.
+pub(crate) fn speaks(headers: &http::HeaderMap) -> Option<Family> {
+    if headers.contains_key("anthropic-version") {
+        Some(Family::Anthropic)
+    } else if headers.contains_key(http::header::AUTHORIZATION) {
+        Some(Family::OpenAi)
+    } else {
+        None
+    }
+}
+
+/// The route of a request.
+pub(crate) fn route(
     upstreams: &[Upstream],
     other: OtherPaths,
+    method: &http::Method,
+    headers: &http::HeaderMap,
     path_and_query: &str,
 ) -> Result<Route, NoRoute> {
-    let (path, query) = match path_and_query.split_once('?') {
+    let (raw, query) = match path_and_query.split_once('?') {
         Some((path, query)) => (path, Some(query)),
         None => (path_and_query, None),
     };
+    let normalized = normalize(raw).ok_or(NoRoute::Malformed)?;
+    let path = normalized.as_str();
     if !path.starts_with('/')
         || path.split('/').skip(1).any(|s| s == ".." || s == ".")
         || path.contains("//")
-        || disguised(path)
     {
         return Err(NoRoute::Malformed);
     }
@@ -115,46 +184,83 @@ pub fn route(
         Some(trimmed) if !trimmed.is_empty() => trimmed,
         _ => path,
     };
+    let refused = |hint: String| {
+        let family = speaks(headers)
+            .or_else(|| {
+                upstreams
+                    .iter()
+                    .filter(|u| under(path, &u.mount).is_some())
+                    .max_by_key(|u| u.mount.len())
+                    .map(Upstream::family)
+            })
+            .unwrap_or(Family::OpenAi);
+        NoRoute::Refused { hint, family }
+    };
     // The longest mount that holds the path wins; among upstreams on it, the first that
-    // meters the path.
-    let longest = upstreams
+    // meters the path, then the first that serves it free.
+    let Some(longest) = upstreams
         .iter()
         .filter(|u| under(path, &u.mount).is_some())
         .map(|u| u.mount.len())
         .max()
-        .ok_or(NoRoute::Unmounted)?;
+    else {
+        return Err(refused(hint(upstreams, headers, path)));
+    };
     let candidates = || {
         upstreams
             .iter()
             .enumerate()
             .filter(move |(_, u)| u.mount.len() == longest && under(path, &u.mount).is_some())
     };
-    let found = candidates()
-        .find(|(_, u)| metered(u.family(), under(path, &u.mount).unwrap_or_default()))
-        .map(|(i, _)| (i, Kind::Metered))
-        .or_else(|| {
-            candidates()
-                .find(|(_, u)| free(u.family(), under(path, &u.mount).unwrap_or_default()))
-                .map(|(i, _)| (i, Kind::Unmetered))
-        });
-    let (index, kind) = match (found, other) {
+    let served = |wanted: Kind| {
+        candidates().find_map(|(i, u)| {
+            let rest = under(path, &u.mount).unwrap_or_default();
+            match kind_of(u.family(), method, rest) {
+                Some((kind, name)) if kind == wanted => Some((i, kind, name)),
+                _ => None,
+            }
+        })
+    };
+    let found = served(Kind::Metered).or_else(|| served(Kind::Free));
+    let (index, kind, name) = match (found, other) {
         (Some(found), _) => found,
         (None, OtherPaths::Pass) => {
-            let (i, _) = candidates().next().ok_or(NoRoute::Unmounted)?;
-            (i, Kind::Unmetered)
+            let (i, _) = candidates()
+                .next()
+                .ok_or_else(|| refused(hint(upstreams, headers, path)))?;
+            (i, Kind::Passed, "other")
         }
-        (None, OtherPaths::Refuse) => return Err(NoRoute::Refused),
+        (None, OtherPaths::Refuse) => return Err(refused(hint(upstreams, headers, path))),
     };
     let upstream = &upstreams[index];
-    let rest = under(path, &upstream.mount).unwrap_or_default();
-    let rest = match rest.strip_prefix(upstream.strip.as_str()) {
-        Some(stripped)
-            if !upstream.strip.is_empty() && (stripped.is_empty() || stripped.starts_with('/')) =>
-        {
-            stripped
+    // A request in the other provider's shape never goes on with its key.
+    match (upstream.family(), speaks(headers)) {
+        (Family::Anthropic, Some(Family::OpenAi)) if !headers.contains_key("x-api-key") => {
+            return Err(NoRoute::Refused {
+                hint: format!(
+                    "this is an OpenAI-style request (a bearer key, no anthropic-version) at upstream `{}`, which speaks Anthropic's API; it was not forwarded",
+                    upstream.name
+                ),
+                family: Family::OpenAi,
+            });
         }
-        _ => rest,
-    };
+        (Family::OpenAi | Family::Azure | Family::Voyage, Some(Family::Anthropic)) => {
+            return Err(NoRoute::Refused {
+                hint: format!(
+                    "this is an Anthropic request (anthropic-version) at upstream `{}`, which speaks {} API; it was not forwarded with its key. Point the Anthropic SDK at an anthropic upstream's mount",
+                    upstream.name,
+                    if upstream.family() == Family::Voyage {
+                        "Voyage's"
+                    } else {
+                        "OpenAI's"
+                    }
+                ),
+                family: Family::Anthropic,
+            });
+        }
+        _ => {}
+    }
+    let rest = strip(upstream, under(path, &upstream.mount).unwrap_or_default());
     let base = upstream.url.path().trim_end_matches('/');
     let mut forward = String::with_capacity(base.len() + rest.len() + 1);
     forward.push_str(base);
@@ -170,13 +276,80 @@ pub fn route(
         upstream: index,
         kind,
         path: forward,
+        name,
     })
+}
+
+/// The path less the upstream's `strip` prefix.
+fn strip<'p>(upstream: &Upstream, rest: &'p str) -> &'p str {
+    match rest.strip_prefix(upstream.strip.as_str()) {
+        Some(stripped)
+            if !upstream.strip.is_empty() && (stripped.is_empty() || stripped.starts_with('/')) =>
+        {
+            stripped
+        }
+        _ => rest,
+    }
+}
+
+/// What a refused path most likely meant.
+fn hint(upstreams: &[Upstream], headers: &http::HeaderMap, path: &str) -> String {
+    let meters = |candidate: &str| {
+        upstreams.iter().find(|u| {
+            under(candidate, &u.mount)
+                .is_some_and(|rest| kind_of(u.family(), &http::Method::POST, rest).is_some())
+        })
+    };
+    // A doubled /v1: a base URL that ends in /v1 for a client that adds its own (Anthropic's
+    // SDK), or the other way round.
+    if let Some(rest) = path.strip_prefix("/v1/v1/")
+        && meters(&format!("/v1/{rest}")).is_some()
+    {
+        return format!(
+            "`{path}` has /v1 twice: the client's base URL ends in /v1 and the client adds its own. Set the base URL without /v1 (ANTHROPIC_BASE_URL=http://HOST:PORT); OpenAI's SDKs take it with /v1"
+        );
+    }
+    // A missing /v1: OPENAI_BASE_URL without it.
+    if !path.starts_with("/v1/") && meters(&format!("/v1{path}")).is_some() {
+        return format!(
+            "`{path}` has no /v1: set the base URL with it (OPENAI_BASE_URL=http://HOST:PORT/v1) to reach /v1{path}"
+        );
+    }
+    // Anthropic's path where only OpenAI-style upstreams are mounted, or the reverse.
+    let anthropic_shape = speaks(headers) == Some(Family::Anthropic) || path.ends_with("/messages");
+    if anthropic_shape && !upstreams.iter().any(|u| u.family() == Family::Anthropic) {
+        return format!(
+            "`{path}` is Anthropic's API, and no upstream here speaks it: configure an upstream with profile = \"anthropic\""
+        );
+    }
+    let metered: Vec<String> = upstreams
+        .iter()
+        .flat_map(|u| {
+            let paths: &[&str] = match u.family() {
+                Family::OpenAi => &[
+                    "/v1/chat/completions",
+                    "/v1/responses",
+                    "/v1/completions",
+                    "/v1/embeddings",
+                ],
+                Family::Azure => &["/openai/deployments/{name}/chat/completions"],
+                Family::Anthropic => &["/v1/messages"],
+                Family::Voyage => &["/v1/embeddings", "/v1/rerank"],
+            };
+            paths.iter().map(move |p| format!("{}{p}", u.mount))
+        })
+        .collect();
+    format!(
+        "tollgate-proxy does not meter `{path}`, so it is refused; it meters {}. (other_paths = \"pass\" in the configuration forwards other paths unmetered)",
+        metered.join(", ")
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::{Config, LimitsFrom};
+    use http::{HeaderMap, Method};
 
     fn upstreams() -> Vec<Upstream> {
         let mut gemini = Upstream::new(
@@ -207,8 +380,12 @@ mod tests {
         all
     }
 
+    fn route_with(other: OtherPaths, method: Method, path: &str) -> Result<Route, NoRoute> {
+        route(&upstreams(), other, &method, &HeaderMap::new(), path)
+    }
+
     fn to(path: &str) -> (usize, Kind, String) {
-        let route = route(&upstreams(), OtherPaths::Pass, path).unwrap();
+        let route = route_with(OtherPaths::Refuse, Method::POST, path).unwrap();
         (route.upstream, route.kind, route.path)
     }
 
@@ -225,7 +402,7 @@ mod tests {
         assert_eq!(to("/v1/messages"), (1, Metered, s("/v1/messages")));
         assert_eq!(
             to("/v1/messages/count_tokens"),
-            (1, Unmetered, s("/v1/messages/count_tokens"))
+            (1, Free, s("/v1/messages/count_tokens"))
         );
         assert_eq!(
             to("/openai/deployments/gpt4o/chat/completions?api-version=2024-10-21"),
@@ -243,30 +420,111 @@ mod tests {
             to("/voyage/v1/embeddings"),
             (4, Metered, s("/v1/embeddings"))
         );
+        assert_eq!(to("/voyage/v1/rerank"), (4, Metered, s("/v1/rerank")));
         // A final slash changes nothing, and is not forwarded.
         assert_eq!(
             to("/v1/chat/completions/?x=1"),
             (0, Metered, s("/v1/chat/completions?x=1"))
         );
-        // Not metered anywhere: the first upstream on the mount takes it, unmetered.
-        assert_eq!(to("/v1/models"), (0, Unmetered, s("/v1/models")));
-        assert_eq!(to("/voyage/v1/rerank"), (4, Unmetered, s("/v1/rerank")));
+        let models = route_with(OtherPaths::Refuse, Method::GET, "/v1/models").unwrap();
+        assert_eq!((models.upstream, models.kind), (0, Free));
     }
 
     #[test]
-    fn other_paths_can_be_refused_and_count_tokens_still_passes() {
-        let all = upstreams();
-        assert_eq!(
-            route(&all, OtherPaths::Refuse, "/v1/models"),
-            Err(NoRoute::Refused)
-        );
-        let count = route(&all, OtherPaths::Refuse, "/v1/messages/count_tokens").unwrap();
-        assert_eq!((count.upstream, count.kind), (1, Kind::Unmetered));
+    fn percent_encoded_letters_route_as_the_server_decodes_them() {
+        for path in [
+            "/v1/chat/%63ompletions",
+            "/v1/chat/completion%73",
+            "/v1/%63hat/completions",
+            "/%761/chat/completions",
+        ] {
+            let route = route_with(OtherPaths::Refuse, Method::POST, path).unwrap();
+            assert_eq!(
+                (route.kind, route.path.as_str()),
+                (Kind::Metered, "/v1/chat/completions"),
+                "{path}"
+            );
+        }
+        // An upper-case letter decodes to itself: not the same path to a case-sensitive
+        // router, and not metered here.
+        assert!(route_with(OtherPaths::Refuse, Method::POST, "/v1/chat/%43ompletions").is_err());
     }
 
     #[test]
-    fn paths_that_climb_or_have_no_slash_are_never_forwarded() {
-        let all = upstreams();
+    fn spending_paths_no_upstream_meters_are_refused_by_default() {
+        for path in [
+            "/v1/images/generations",
+            "/v1/audio/speech",
+            "/v1/batches",
+            "/v1/messages/batches",
+            "/v1/files",
+            "/v1/threads/t/runs",
+        ] {
+            assert!(
+                matches!(
+                    route_with(OtherPaths::Refuse, Method::POST, path),
+                    Err(NoRoute::Refused { .. })
+                ),
+                "{path}"
+            );
+        }
+        let passed = route_with(OtherPaths::Pass, Method::POST, "/v1/files").unwrap();
+        assert_eq!((passed.upstream, passed.kind), (0, Kind::Passed));
+    }
+
+    #[test]
+    fn a_refusal_names_the_likely_mistake() {
+        let hint = |path: &str, headers: &[(&str, &str)]| {
+            let mut map = HeaderMap::new();
+            for (name, value) in headers {
+                map.insert(
+                    http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                    value.parse().unwrap(),
+                );
+            }
+            match route(&upstreams(), OtherPaths::Refuse, &Method::POST, &map, path) {
+                Err(NoRoute::Refused { hint, family }) => (hint, family),
+                other => panic!("{path}: {other:?}"),
+            }
+        };
+        let (text, family) = hint("/chat/completions", &[("authorization", "Bearer sk-x")]);
+        assert!(text.contains("has no /v1"), "{text}");
+        assert_eq!(family, Family::OpenAi);
+        let (text, family) = hint("/v1/v1/messages", &[("anthropic-version", "2023-06-01")]);
+        assert!(text.contains("/v1 twice"), "{text}");
+        assert_eq!(family, Family::Anthropic);
+        let openai_only = vec![Config::public().upstreams.remove(0)];
+        let mut map = HeaderMap::new();
+        map.insert("anthropic-version", "2023-06-01".parse().unwrap());
+        map.insert("x-api-key", "sk-ant-secret".parse().unwrap());
+        match route(
+            &openai_only,
+            OtherPaths::Refuse,
+            &Method::POST,
+            &map,
+            "/v1/messages",
+        ) {
+            Err(NoRoute::Refused { hint, family }) => {
+                assert!(hint.contains("Anthropic"), "{hint}");
+                assert_eq!(family, Family::Anthropic);
+            }
+            other => panic!("{other:?}"),
+        }
+        // The Anthropic SDK at an OpenAI path on an OpenAI upstream: never forwarded.
+        match route(
+            &openai_only,
+            OtherPaths::Pass,
+            &Method::POST,
+            &map,
+            "/v1/chat/completions",
+        ) {
+            Err(NoRoute::Refused { hint, .. }) => assert!(hint.contains("not forwarded"), "{hint}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn paths_that_climb_or_hide_another_path_are_never_forwarded() {
         for bad in [
             "/v1/../admin",
             "/v1/./chat/completions",
@@ -279,9 +537,13 @@ mod tests {
             "/v1%2fchat/completions",
             "/v1/chat%5Ccompletions",
             "/v1\\..\\admin",
+            "/v1/chat/completions;x=1",
+            "/v1/chat/completions%00",
+            "/v1/chat/%2563ompletions",
+            "/v1/chat/%6",
         ] {
             assert_eq!(
-                route(&all, OtherPaths::Pass, bad),
+                route_with(OtherPaths::Pass, Method::POST, bad),
                 Err(NoRoute::Malformed),
                 "{bad}"
             );
@@ -292,9 +554,15 @@ mod tests {
     fn a_mount_matches_whole_segments_only() {
         let mut only = upstreams();
         only.retain(|u| u.name == "voyage");
-        assert_eq!(
-            route(&only, OtherPaths::Pass, "/voyager/v1/embeddings"),
-            Err(NoRoute::Unmounted)
-        );
+        assert!(matches!(
+            route(
+                &only,
+                OtherPaths::Pass,
+                &Method::POST,
+                &HeaderMap::new(),
+                "/voyager/v1/embeddings"
+            ),
+            Err(NoRoute::Refused { .. })
+        ));
     }
 }

@@ -1,42 +1,103 @@
-//! Whose call it is: a tenant from the API key (hashed) or a header, and virtual keys that
-//! stand for the upstream's real key.
+//! Whose call it is: a tenant from the API key (hashed), from a header a trusted proxy in front
+//! sets, or from a virtual key that stands for the upstream's real key. Credentials are read
+//! strictly: a call can't escape its tenant, or spend another's, by how it writes them.
 
 use std::collections::HashMap;
 
 use http::HeaderMap;
 use sha2::{Digest, Sha256};
 
-use crate::config::{TenantFrom, Tenants};
+use crate::config::{SECRET_HEADER, TenantFrom, Tenants, plain_name};
 
 /// The headers clients put their API key in: OpenAI's `Authorization: Bearer`, Anthropic's
 /// `x-api-key`, Azure's `api-key`, Google's `x-goog-api-key`.
-pub const KEY_HEADERS: [&str; 4] = ["authorization", "x-api-key", "api-key", "x-goog-api-key"];
+pub(crate) const KEY_HEADERS: [&str; 4] =
+    ["authorization", "x-api-key", "api-key", "x-goog-api-key"];
 
-/// The API key a request presents, if any.
-pub fn presented_key(headers: &HeaderMap) -> Option<&str> {
-    KEY_HEADERS.iter().find_map(|name| {
-        let value = headers.get(*name)?.to_str().ok()?.trim();
-        let key = if *name == "authorization" {
-            let (scheme, rest) = value.split_once(' ')?;
-            if !scheme.eq_ignore_ascii_case("bearer") {
-                return None;
+/// Why a call's credentials can't be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// No key, where one is needed.
+    NoKey,
+    /// A key header that is not one well-formed key: `Authorization` that is not
+    /// `Bearer <key>`, a header sent twice, a key with spaces or control characters.
+    Malformed,
+    /// Two headers carry different keys.
+    Disagree,
+    /// Virtual keys are configured, and this is not one of them.
+    UnknownKey,
+    /// Header tenants without the shared secret (or with another).
+    NoSecret,
+    /// Tenants are configured, the call names none, and there is no default tenant.
+    NoTenant,
+}
+
+impl Refused {
+    /// What the client is told.
+    pub(crate) fn message(self) -> &'static str {
+        match self {
+            Refused::NoKey => {
+                "tollgate-proxy: this proxy needs an API key (Authorization: Bearer KEY)"
             }
-            rest.trim()
+            Refused::Malformed => {
+                "tollgate-proxy: the API key can't be read: send one `Authorization: Bearer KEY` (or one x-api-key)"
+            }
+            Refused::Disagree => {
+                "tollgate-proxy: the request carries two different API keys (Authorization and x-api-key); send one"
+            }
+            Refused::UnknownKey => "tollgate-proxy: unknown API key",
+            Refused::NoSecret => {
+                "tollgate-proxy: the tenant header is only taken from the proxy in front of this one"
+            }
+            Refused::NoTenant => "tollgate-proxy: this call names no tenant",
+        }
+    }
+}
+
+/// The one API key a request presents, read strictly: `None` when it presents none.
+pub(crate) fn presented_key(headers: &HeaderMap) -> Result<Option<&str>, Refused> {
+    let mut found: Option<&str> = None;
+    for name in KEY_HEADERS {
+        let mut values = headers.get_all(name).iter();
+        let Some(value) = values.next() else {
+            continue;
+        };
+        if values.next().is_some() {
+            return Err(Refused::Malformed);
+        }
+        let value = value.to_str().map_err(|_| Refused::Malformed)?;
+        let key = if name == "authorization" {
+            // `Bearer` (the scheme is case-insensitive), one space, the key.
+            let (scheme, key) = value.split_once(' ').ok_or(Refused::Malformed)?;
+            if !scheme.eq_ignore_ascii_case("bearer") {
+                return Err(Refused::Malformed);
+            }
+            key
         } else {
             value
         };
-        (!key.is_empty()).then_some(key)
-    })
+        if key.is_empty()
+            || key
+                .bytes()
+                .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+        {
+            return Err(Refused::Malformed);
+        }
+        match found {
+            Some(other) if other != key => return Err(Refused::Disagree),
+            _ => found = Some(key),
+        }
+    }
+    Ok(found)
 }
 
 /// A secret as it may be shown: `k` and the first 16 hex digits of its SHA-256.
 ///
-/// ```
-/// let shown = tollgate_proxy::tenant::hashed("sk-secret");
+/// ```ignore
+/// let shown = hashed("sk-secret");
 /// assert_eq!(shown.len(), 17);
-/// assert!(!shown.contains("secret"));
 /// ```
-pub fn hashed(secret: &str) -> String {
+pub(crate) fn hashed(secret: &str) -> String {
     let digest = Sha256::digest(secret.as_bytes());
     let mut out = String::with_capacity(17);
     out.push('k');
@@ -46,25 +107,33 @@ pub fn hashed(secret: &str) -> String {
     out
 }
 
-/// Why a call has no tenant it may use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refused {
-    /// Virtual keys are configured, and the call presented none of them.
-    UnknownKey,
+/// A call's tenant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Tenant {
+    /// Its name: a virtual key's tenant, a header's value, the default, or a key's hash.
+    pub(crate) name: String,
+    /// Named in the configuration (a virtual key's tenant, or the default): its own metrics
+    /// label. Others (hashed keys, header values) share one.
+    pub(crate) configured: bool,
+    /// It came with a virtual key.
+    pub(crate) virtual_key: bool,
 }
 
 /// Finds a call's tenant.
 #[derive(Debug)]
-pub struct Tenancy {
+pub(crate) struct Tenancy {
     from: TenantFrom,
     /// SHA-256 of each virtual key → its tenant's name (looked up by hash: no comparison of
     /// the secret itself).
     virtual_keys: HashMap<[u8; 32], String>,
+    default: Option<String>,
+    /// SHA-256 of the header tenants' shared secret.
+    secret: Option<[u8; 32]>,
 }
 
 impl Tenancy {
     /// From the configuration.
-    pub fn new(tenants: &Tenants) -> Tenancy {
+    pub(crate) fn new(tenants: &Tenants) -> Tenancy {
         Tenancy {
             from: tenants.from.clone(),
             virtual_keys: tenants
@@ -72,51 +141,76 @@ impl Tenancy {
                 .iter()
                 .map(|(key, name)| (Sha256::digest(key.as_bytes()).into(), name.clone()))
                 .collect(),
+            default: tenants.default.clone(),
+            secret: tenants
+                .header_secret
+                .as_deref()
+                .map(|s| Sha256::digest(s.as_bytes()).into()),
         }
     }
 
     /// Whether virtual keys stand for the upstream's key.
-    pub fn has_virtual_keys(&self) -> bool {
+    pub(crate) fn has_virtual_keys(&self) -> bool {
         !self.virtual_keys.is_empty()
     }
 
     /// The tenant of a call (`None`: no tenants), or a refusal.
-    ///
-    /// ```
-    /// use tollgate_proxy::config::{TenantFrom, Tenants};
-    /// use tollgate_proxy::tenant::Tenancy;
-    ///
-    /// let mut tenants = Tenants::none();
-    /// tenants.from = TenantFrom::Header("x-team".parse().unwrap());
-    /// let tenancy = Tenancy::new(&tenants);
-    /// let mut headers = http::HeaderMap::new();
-    /// headers.insert("x-team", "search".parse().unwrap());
-    /// assert_eq!(tenancy.tenant(&headers), Ok(Some("search".to_owned())));
-    /// ```
-    pub fn tenant(&self, headers: &HeaderMap) -> Result<Option<String>, Refused> {
+    pub(crate) fn tenant(&self, headers: &HeaderMap) -> Result<Option<Tenant>, Refused> {
         if self.has_virtual_keys() {
-            let key = presented_key(headers).ok_or(Refused::UnknownKey)?;
+            let key = presented_key(headers)?.ok_or(Refused::NoKey)?;
             let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
             let name = self.virtual_keys.get(&digest).ok_or(Refused::UnknownKey)?;
-            return Ok(Some(name.clone()));
+            return Ok(Some(Tenant {
+                name: name.clone(),
+                configured: true,
+                virtual_key: true,
+            }));
         }
-        Ok(match &self.from {
-            TenantFrom::None => None,
-            TenantFrom::Key => presented_key(headers).map(hashed),
-            TenantFrom::Header(name) => headers.get(name).map(|value| match value.to_str() {
-                Ok(text) if plain_name(text) => text.to_owned(),
-                _ => hashed(&String::from_utf8_lossy(value.as_bytes())),
+        let named = match &self.from {
+            TenantFrom::None => return Ok(None),
+            TenantFrom::Key => presented_key(headers)?.map(|key| Tenant {
+                name: hashed(key),
+                configured: false,
+                virtual_key: false,
             }),
-        })
+            TenantFrom::Header(name) => {
+                if let Some(secret) = &self.secret {
+                    let given = headers
+                        .get(SECRET_HEADER)
+                        .map(|v| <[u8; 32]>::from(Sha256::digest(v.as_bytes())));
+                    if given.as_ref() != Some(secret) {
+                        return Err(Refused::NoSecret);
+                    }
+                }
+                let mut values = headers.get_all(name).iter();
+                let first = values.next();
+                if values.next().is_some() {
+                    return Err(Refused::Malformed);
+                }
+                first.map(|value| match value.to_str() {
+                    Ok(text) if plain_name(text) => Tenant {
+                        name: text.to_owned(),
+                        configured: false,
+                        virtual_key: false,
+                    },
+                    _ => Tenant {
+                        name: hashed(&String::from_utf8_lossy(value.as_bytes())),
+                        configured: false,
+                        virtual_key: false,
+                    },
+                })
+            }
+        };
+        match (named, &self.default) {
+            (Some(tenant), _) => Ok(Some(tenant)),
+            (None, Some(default)) => Ok(Some(Tenant {
+                name: default.clone(),
+                configured: true,
+                virtual_key: false,
+            })),
+            (None, None) => Err(Refused::NoTenant),
+        }
     }
-}
-
-/// A tenant name shown as it is: 1 to 64 of `A-Z a-z 0-9 . _ -`.
-fn plain_name(text: &str) -> bool {
-    (1..=64).contains(&text.len())
-        && text
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 #[cfg(test)]
@@ -126,42 +220,46 @@ mod tests {
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();
         for (name, value) in pairs {
-            map.insert(*name, value.parse().unwrap());
+            map.append(*name, value.parse().unwrap());
         }
         map
     }
 
     #[test]
-    fn keys_are_found_in_every_providers_header() {
+    fn keys_are_read_strictly_from_every_providers_header() {
+        let key = |pairs: &[(&'static str, &str)]| {
+            presented_key(&headers(pairs)).map(|k| k.map(str::to_owned))
+        };
+        let some = |k: &str| Ok(Some(k.to_owned()));
+        assert_eq!(key(&[("authorization", "Bearer sk-1")]), some("sk-1"));
+        assert_eq!(key(&[("authorization", "bearer sk-2")]), some("sk-2"));
+        assert_eq!(key(&[("x-api-key", "ant-3")]), some("ant-3"));
+        assert_eq!(key(&[("api-key", "az-4")]), some("az-4"));
+        assert_eq!(key(&[]), Ok(None));
+        // The same key twice is one key.
         assert_eq!(
-            presented_key(&headers(&[("authorization", "Bearer sk-1")])),
-            Some("sk-1")
+            key(&[("authorization", "Bearer k-5"), ("x-api-key", "k-5")]),
+            some("k-5")
         );
+        for malformed in [
+            vec![("authorization", "Basic abc")],
+            vec![("authorization", "Bearer\tsk-1")],
+            vec![("authorization", "Bearer  sk-1")],
+            vec![("authorization", "Bearer sk-1 ")],
+            vec![("authorization", "Bearer ")],
+            vec![("authorization", "sk-1")],
+            vec![("authorization", "Bearer a"), ("authorization", "Bearer b")],
+        ] {
+            assert_eq!(key(&malformed), Err(Refused::Malformed), "{malformed:?}");
+        }
         assert_eq!(
-            presented_key(&headers(&[("authorization", "bearer   sk-2 ")])),
-            Some("sk-2")
+            key(&[("authorization", "Bearer junk"), ("x-api-key", "real")]),
+            Err(Refused::Disagree)
         );
-        assert_eq!(
-            presented_key(&headers(&[("x-api-key", "ant-3")])),
-            Some("ant-3")
-        );
-        assert_eq!(
-            presented_key(&headers(&[("api-key", "az-4")])),
-            Some("az-4")
-        );
-        assert_eq!(
-            presented_key(&headers(&[("authorization", "Basic abc")])),
-            None
-        );
-        assert_eq!(
-            presented_key(&headers(&[("authorization", "Bearer ")])),
-            None
-        );
-        assert_eq!(presented_key(&HeaderMap::new()), None);
     }
 
     #[test]
-    fn a_key_tenant_is_its_hash_never_the_key() {
+    fn a_key_tenant_is_its_hash_never_the_key_and_a_call_without_one_is_refused() {
         let mut tenants = Tenants::none();
         tenants.from = TenantFrom::Key;
         let tenancy = Tenancy::new(&tenants);
@@ -169,11 +267,15 @@ mod tests {
             .tenant(&headers(&[("authorization", "Bearer sk-live-abc")]))
             .unwrap()
             .unwrap();
-        // SHA-256("sk-live-abc"), first 8 bytes, computed apart.
-        assert_eq!(tenant, hashed("sk-live-abc"));
-        assert!(!tenant.contains("abc"));
-        assert_ne!(tenant, hashed("sk-live-abd"));
-        assert_eq!(tenancy.tenant(&HeaderMap::new()), Ok(None));
+        assert_eq!(tenant.name, hashed("sk-live-abc"));
+        assert!(!tenant.name.contains("abc"));
+        assert_eq!(tenancy.tenant(&HeaderMap::new()), Err(Refused::NoTenant));
+        tenants.default = Some("anonymous".to_owned());
+        let tenancy = Tenancy::new(&tenants);
+        assert_eq!(
+            tenancy.tenant(&HeaderMap::new()).unwrap().unwrap().name,
+            "anonymous"
+        );
     }
 
     #[test]
@@ -183,23 +285,42 @@ mod tests {
     }
 
     #[test]
-    fn header_tenants_with_odd_values_are_hashed() {
+    fn a_header_tenant_needs_the_secret_when_one_is_set() {
         let mut tenants = Tenants::none();
         tenants.from = TenantFrom::Header("x-team".parse().unwrap());
+        tenants.header_secret = Some("s3cret-s3cret-s3cret".to_owned());
         let tenancy = Tenancy::new(&tenants);
         assert_eq!(
-            tenancy.tenant(&headers(&[("x-team", "team_a-1.b")])),
-            Ok(Some("team_a-1.b".to_owned()))
+            tenancy.tenant(&headers(&[("x-team", "bob")])),
+            Err(Refused::NoSecret)
         );
-        let odd = "a b/c";
         assert_eq!(
-            tenancy.tenant(&headers(&[("x-team", odd)])),
-            Ok(Some(hashed(odd)))
+            tenancy.tenant(&headers(&[("x-team", "bob"), (SECRET_HEADER, "guess")])),
+            Err(Refused::NoSecret)
         );
-        let long = "x".repeat(65);
+        let bob = tenancy
+            .tenant(&headers(&[
+                ("x-team", "bob"),
+                (SECRET_HEADER, "s3cret-s3cret-s3cret"),
+            ]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(bob.name, "bob");
+        let odd = tenancy
+            .tenant(&headers(&[
+                ("x-team", "a b/c"),
+                (SECRET_HEADER, "s3cret-s3cret-s3cret"),
+            ]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(odd.name, hashed("a b/c"));
         assert_eq!(
-            tenancy.tenant(&headers(&[("x-team", &long)])),
-            Ok(Some(hashed(&long)))
+            tenancy.tenant(&headers(&[
+                ("x-team", "a"),
+                ("x-team", "b"),
+                (SECRET_HEADER, "s3cret-s3cret-s3cret")
+            ])),
+            Err(Refused::Malformed)
         );
     }
 
@@ -211,13 +332,24 @@ mod tests {
             .insert("vk-alice".to_owned(), "alice".to_owned());
         let tenancy = Tenancy::new(&tenants);
         assert_eq!(
-            tenancy.tenant(&headers(&[("authorization", "Bearer vk-alice")])),
-            Ok(Some("alice".to_owned()))
+            tenancy
+                .tenant(&headers(&[("authorization", "Bearer vk-alice")]))
+                .unwrap()
+                .unwrap()
+                .name,
+            "alice"
         );
         assert_eq!(
             tenancy.tenant(&headers(&[("authorization", "Bearer vk-alicf")])),
             Err(Refused::UnknownKey)
         );
-        assert_eq!(tenancy.tenant(&HeaderMap::new()), Err(Refused::UnknownKey));
+        assert_eq!(tenancy.tenant(&HeaderMap::new()), Err(Refused::NoKey));
+        assert_eq!(
+            tenancy.tenant(&headers(&[
+                ("authorization", "Bearer junk"),
+                ("x-api-key", "vk-alice")
+            ])),
+            Err(Refused::Disagree)
+        );
     }
 }

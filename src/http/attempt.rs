@@ -10,7 +10,7 @@ use http_body::Body;
 use tokio::time::Instant;
 
 use super::body::{Metered, is_event_stream, read_short};
-use super::call::Call;
+use super::call::{Call, SettledFn};
 use super::gate::{Estimated, Gate};
 use super::verdict::{PermanentRefusal, Verdict};
 use crate::{Error, Permit};
@@ -72,7 +72,6 @@ pub enum Next<B> {
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Debug)]
 pub struct Attempts {
     gate: Gate,
     estimated: Estimated,
@@ -86,6 +85,18 @@ pub struct Attempts {
     admitted: bool,
     /// Whether this attempt's request can be sent again.
     can_retry: bool,
+    /// Told how the delivered call settled.
+    on_settled: Option<SettledFn>,
+}
+
+impl std::fmt::Debug for Attempts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attempts")
+            .field("estimated", &self.estimated)
+            .field("attempt", &self.attempt)
+            .field("extras", &self.extras.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Drop for Attempts {
@@ -118,6 +129,7 @@ impl Attempts {
             extras: Vec::new(),
             admitted: false,
             can_retry: true,
+            on_settled: None,
         }
     }
 
@@ -140,6 +152,11 @@ impl Attempts {
     /// that is delivered (settled with its usage), and comes back if none is.
     pub fn attach(&mut self, permit: Permit) {
         self.extras.push(permit);
+    }
+
+    /// Calls `told` once the delivered call settles (see [`Call::on_settled`]).
+    pub fn on_settled(&mut self, told: SettledFn) {
+        self.on_settled = Some(told);
     }
 
     /// Whether the request can be sent again (a streaming body can't): when it can't, a
@@ -176,6 +193,9 @@ impl Attempts {
             call.respond(status, headers, None).await;
             for permit in self.extras.drain(..) {
                 call.attach(permit);
+            }
+            if let Some(told) = self.on_settled.take() {
+                call.on_settled(told);
             }
             let stream = is_event_stream(headers) || call.is_stream();
             return Ok(Next::Deliver(Box::new(Metered::new(body, call, stream))));

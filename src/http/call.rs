@@ -28,7 +28,9 @@ pub struct Call {
     gate: Gate,
     state: Arc<Keyed>,
     permit: Option<Permit>,
-    _learning: Option<OwnedSemaphorePermit>,
+    /// The key's turn to go alone (its first call, or one while its limits are unknown),
+    /// shared with a task that hands it on if the answer is slow in coming.
+    learning: Arc<std::sync::Mutex<Option<OwnedSemaphorePermit>>>,
     stream: bool,
     sent: Option<Instant>,
     /// What the gate estimated: input tokens, and the most output the call may write.
@@ -42,6 +44,30 @@ pub struct Call {
     usage_added: bool,
     /// Other windows the call was charged in (a tenant's), settled with the same usage.
     extras: Vec<Permit>,
+    /// Told how the call settled, once.
+    on_settled: Option<SettledFn>,
+    /// The answer ended before its end.
+    cut: bool,
+}
+
+/// Told how a call settled (see [`Call::on_settled`]).
+pub type SettledFn = Box<dyn FnOnce(&Settlement) + Send + Sync>;
+
+/// How a call settled: for a caller's logs and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Settlement {
+    /// What the call was charged up front (`None` while its key's limits were unknown).
+    pub charged: Option<Cost>,
+    /// The usage it settled with, as charged to the key's windows (`None`: the charge stands,
+    /// because the answer reported nothing or the call was cut short within its reservation).
+    pub usage: Option<Usage>,
+    /// What the answer reported (after the generated text was counted, before any clamp).
+    pub reported: Reported,
+    /// The answer ended before its end: the caller went away, or the upstream broke off.
+    pub cut: bool,
+    /// The usage reported was more than the request could have produced, and was cut.
+    pub clamped: bool,
 }
 
 impl fmt::Debug for Call {
@@ -56,6 +82,11 @@ impl fmt::Debug for Call {
 
 impl Drop for Call {
     fn drop(&mut self) {
+        let charged = self.cost();
+        self.tell(Settlement {
+            charged,
+            ..Settlement::default()
+        });
         if self.sent.is_none() {
             if let Some(permit) = self.permit.take() {
                 permit.give_back();
@@ -138,7 +169,7 @@ impl Call {
             gate,
             state,
             permit,
-            _learning: learning,
+            learning: Arc::new(std::sync::Mutex::new(learning)),
             stream: estimated.stream,
             sent: None,
             input: estimated.input,
@@ -148,6 +179,20 @@ impl Call {
             send: estimated.send.clone(),
             usage_added: estimated.usage_added,
             extras: Vec::new(),
+            on_settled: None,
+            cut: false,
+        }
+    }
+
+    /// Calls `told` once, when the call settles (or is dropped without settling), with what
+    /// it came to.
+    pub fn on_settled(&mut self, told: SettledFn) {
+        self.on_settled = Some(told);
+    }
+
+    fn tell(&mut self, settlement: Settlement) {
+        if let Some(told) = self.on_settled.take() {
+            told(&settlement);
         }
     }
 
@@ -228,6 +273,29 @@ impl Call {
     /// the call's admission as the instant it went out, for every process.)
     pub fn sending(&mut self) {
         self.sent = Some(Instant::now());
+        // A call that goes alone hands the key's turn to the next one when its answer is slow
+        // in coming (an upstream that hangs must not hold every other call of the key).
+        let held = self
+            .learning
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_some();
+        if held && let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let turn = Arc::clone(&self.learning);
+            let wait = self
+                .gate
+                .inner
+                .first_answer
+                .unwrap_or(super::gate::FIRST_ANSWER_WAIT);
+            runtime.spawn(async move {
+                tokio::time::sleep(wait).await;
+                drop(
+                    turn.lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .take(),
+                );
+            });
+        }
     }
 
     /// The estimator of the gate that admitted the call.
@@ -295,7 +363,12 @@ impl Call {
         }
         // The provider has answered: the calls waiting for this one's answer go on.
         self.state.heard.store(true, Ordering::Release);
-        self._learning = None;
+        drop(
+            self.learning
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take(),
+        );
         if !refused {
             return Verdict::Passed;
         }
@@ -510,17 +583,30 @@ impl Call {
         }
         let extras = std::mem::take(&mut self.extras);
         let mut settled = Ok(Usage::default());
+        let charged = self.cost();
+        let mut clamped = false;
+        let mut usage_settled = None;
         if let Some(permit) = self.permit.take() {
-            let usage = self.clamped(&reported, permit.limiter());
+            let (usage, cut) = self.clamped(&reported, permit.limiter());
+            clamped = cut;
+            usage_settled = Some(usage);
             settled = permit.settle_usage(usage).await.map(|_| usage);
         }
         for permit in extras {
-            let usage = self.clamped(&reported, permit.limiter());
+            let (usage, _) = self.clamped(&reported, permit.limiter());
             let key = permit_key(&permit).to_owned();
             if let Err(err) = permit.settle_usage(usage).await {
                 tracing::warn!(%key, error = %err, "could not settle a call's other windows");
             }
         }
+        let cut = self.cut;
+        self.tell(Settlement {
+            charged,
+            usage: usage_settled,
+            reported,
+            cut,
+            clamped,
+        });
         settled
     }
 
@@ -534,8 +620,16 @@ impl Call {
             .output
             .unwrap_or(0)
             .max(reported.generated.unwrap_or(0));
+        self.cut = true;
         if seen <= self.reserved_charged() {
             // Dropped after sending: every window keeps what it was charged.
+            let charged = self.cost();
+            self.tell(Settlement {
+                charged,
+                reported,
+                cut: true,
+                ..Settlement::default()
+            });
             return Ok(Usage::default());
         }
         let mut reported = reported;
@@ -546,8 +640,8 @@ impl Call {
     }
 
     /// `reported` as usage for `limiter`'s windows, cut to what the request could have
-    /// produced.
-    fn clamped(&self, reported: &Reported, limiter: &Limiter) -> Usage {
+    /// produced; and whether anything was cut.
+    fn clamped(&self, reported: &Reported, limiter: &Limiter) -> (Usage, bool) {
         let profile = &self.gate.inner.profile;
         let limits = limiter.limits();
         let largest = |currency: Currency| {
@@ -594,7 +688,7 @@ impl Call {
                 );
             }
         }
-        cut.usage(profile, limits)
+        (cut.usage(profile, limits), clamped)
     }
 }
 

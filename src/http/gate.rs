@@ -36,7 +36,7 @@ pub(super) enum LimitsFrom {
 const KEPT_KEYS: usize = 4_096;
 
 /// How long, by default, a key's calls wait for the answer to its first call.
-const FIRST_ANSWER_WAIT: Duration = Duration::from_secs(1);
+pub(super) const FIRST_ANSWER_WAIT: Duration = Duration::from_secs(1);
 
 /// The most a request body decodes to, by default.
 const MAX_BODY: usize = 32 << 20;
@@ -55,7 +55,7 @@ pub(super) struct Inner {
     retries: u32,
     pub(super) backoff: Backoff,
     timeout: Option<Duration>,
-    first_answer: Option<Duration>,
+    pub(super) first_answer: Option<Duration>,
     off_worker_above: usize,
     max_body: usize,
     keys: Mutex<HashMap<String, Arc<Keyed>>>,

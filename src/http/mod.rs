@@ -95,7 +95,7 @@ use crate::bucket::index;
 pub use crate::headers::{RateHeader, go_duration, rate_headers, retry_pause};
 pub use attempt::{Attempts, Next};
 pub use body::Metered;
-pub use call::Call;
+pub use call::{Call, SettledFn, Settlement};
 pub use gate::{Estimated, Gate, GateBuilder, KeyFn};
 pub use profile::{HeaderNames, OutputTo, Profile, ResetForm};
 pub use request::BodyError;

@@ -100,6 +100,7 @@ pub struct LimiterBuilder<S: Store = AnyStore> {
     policy: WaitPolicy,
     estimator: Option<Arc<dyn Estimator>>,
     off_worker_above: usize,
+    label: Option<String>,
 }
 
 impl<S: Store> std::fmt::Debug for LimiterBuilder<S> {
@@ -121,6 +122,7 @@ impl LimiterBuilder {
             policy: WaitPolicy::default(),
             estimator: None,
             off_worker_above: crate::counting::DEFAULT_OFF_WORKER_ABOVE,
+            label: None,
         }
     }
 }
@@ -135,7 +137,16 @@ impl<S: Store> LimiterBuilder<S> {
             policy: self.policy,
             estimator: self.estimator,
             off_worker_above: self.off_worker_above,
+            label: self.label,
         }
+    }
+
+    /// The `key` label of this limiter's metrics (default: the key itself). Keys that callers
+    /// invent (one per tenant, per API key) each make a series of every metric; giving them
+    /// one shared label keeps a metrics backend's memory bounded.
+    pub fn metrics_label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
+        self
     }
 
     /// The whole wait policy.
@@ -197,6 +208,7 @@ impl<S: Store> LimiterBuilder<S> {
         }
         Ok(Limiter {
             inner: Arc::new(Inner {
+                label: self.label,
                 key: self.key,
                 limits: self.limits,
                 store: self.store,

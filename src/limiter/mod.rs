@@ -52,6 +52,8 @@ pub struct Limiter<S: Store = AnyStore> {
 
 struct Inner<S: Store> {
     key: String,
+    /// The `key` label of its metrics, when not the key.
+    label: Option<String>,
     limits: Limits,
     store: S,
     bound: S::Key,
@@ -323,7 +325,7 @@ impl<S: Store> Limiter<S> {
     pub(crate) fn meters(&self) -> &Meters {
         self.inner
             .meters
-            .get_or_init(|| Meters::new(&self.inner.key))
+            .get_or_init(|| Meters::new(self.inner.label.as_deref().unwrap_or(&self.inner.key)))
     }
 
     /// What a provider's 429 means for this key: empties its windows and admits nothing on it

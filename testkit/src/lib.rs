@@ -3,6 +3,9 @@
 //! - [`provider`]: a stand-in for an LLM provider on loopback, with its own bucket arithmetic,
 //!   OpenAI- and Anthropic-style headers, streams, latency, and a neighbour that spends from
 //!   its quota.
+//! - [`hostile`]: an upstream that answers by a script of raw bytes and pauses (or never),
+//!   and a client that writes raw bytes at its own pace: the next hostile finding in a few
+//!   lines.
 //! - [`redis`]: a real `redis-server`, a Redis Cluster (3 masters, 3 replicas) or a master
 //!   watched by a sentinel, on free loopback ports, stopped when dropped.
 //! - [`stores`]: one operation at a time on a store, in the words the tests speak.
@@ -34,6 +37,7 @@
 //!   module, not a new binary.
 
 mod captured;
+pub mod hostile;
 pub mod provider;
 pub mod redis;
 pub mod stores;

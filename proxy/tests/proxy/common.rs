@@ -38,6 +38,17 @@ impl Answer {
     pub fn json(&self) -> Value {
         serde_json::from_slice(&self.body).unwrap_or(Value::Null)
     }
+
+    pub fn body_str(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// What key `key`'s tightest `currency` window holds now, from `/metrics` (whole tokens).
+pub async fn level(addr: SocketAddr, key: &str, currency: &str) -> i64 {
+    let text = get(addr, "/metrics").await.body_str();
+    let series = format!(r#"tollgate_proxy_level{{key="{key}",currency="{currency}"}}"#);
+    metric(&text, &series).unwrap_or_else(|| panic!("no {series} in:\n{text}")) as i64
 }
 
 /// Sends `body` to `path` with `headers`, and reads the whole answer.

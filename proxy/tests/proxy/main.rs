@@ -1,9 +1,12 @@
 //! tollgate-proxy in-process, in front of the provider stand-in (or a scripted upstream), with
 //! a Rust client here and the official Python and Node SDKs in `clients`.
 
+mod bounds;
+mod bypass;
 mod clients;
 mod common;
 mod hostile;
+mod operations;
 mod readme;
 mod routes;
 mod service;

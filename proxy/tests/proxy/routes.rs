@@ -34,16 +34,6 @@ async fn settled(addr: std::net::SocketAddr, series: &str, expected: f64) -> f64
     value
 }
 
-trait BodyStr {
-    fn body_str(&self) -> String;
-}
-
-impl BodyStr for Answer {
-    fn body_str(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-}
-
 #[tokio::test]
 async fn a_chat_goes_through_with_the_providers_headers_and_settles_its_usage() {
     let stand_in = Provider::start(60, 20_000, Duration::from_secs(10)).await;
@@ -153,8 +143,8 @@ async fn a_call_that_would_wait_past_its_deadline_gets_a_providers_429_from_the_
     // A prompt of some 600 tokens: the second can't pass for about (2 × 600 − 1000) / 1000
     // of a minute.
     let words = "word ".repeat(600);
-    let body = json!({"model": "gpt-4o", "messages": [{"role": "user", "content": words}]});
-    let cost = provider::chat_prompt(&body);
+    let body = json!({"model": "gpt-4o", "max_tokens": 1, "messages": [{"role": "user", "content": words}]});
+    let cost = provider::chat_prompt(&body) + 1;
     assert_eq!(
         post(proxy.addr, "/v1/chat/completions", &body).await.status,
         200
@@ -295,7 +285,7 @@ async fn anthropics_count_tokens_is_not_metered_and_messages_are() {
     // Other paths are refused as configured.
     let other = post(proxy.addr, "/v1/models", &json!({})).await;
     assert_eq!(other.status, 404);
-    assert_eq!(other.json()["error"]["code"], "unknown_url");
+    assert_eq!(other.json()["error"]["type"], "not_found_error");
     assert_eq!(upstream.count.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
 
@@ -310,6 +300,7 @@ async fn azure_deployments_are_keyed_by_deployment_and_forwarded_as_they_are() {
         profile = "azure-openai"
         requests = "100/m"
         tokens = "100000/m"
+        models = ["gpt4o-prod"]
         "#,
         upstream.url()
     ))
@@ -336,6 +327,25 @@ async fn azure_deployments_are_keyed_by_deployment_and_forwarded_as_they_are() {
             r#"tollgate_calls_admitted_total{key="az:gpt4o-prod"}"#
         ),
         Some(1.0),
+        "{text}"
+    );
+    // A deployment the configuration doesn't list shares the upstream's own key: clients
+    // can't make keys of their own by naming deployments.
+    for name in ["made-up", "another-one"] {
+        let path = format!("/openai/deployments/{name}/chat/completions?api-version=2024-10-21");
+        let answer = send(
+            proxy.addr,
+            &path,
+            &[("api-key", "azure-key")],
+            Bytes::from(body.to_string()),
+        )
+        .await;
+        assert_eq!(answer.status, 200);
+    }
+    let text = get(proxy.addr, "/metrics").await.body_str();
+    assert_eq!(
+        metric(&text, r#"tollgate_calls_admitted_total{key="az"}"#),
+        Some(2.0),
         "{text}"
     );
 }

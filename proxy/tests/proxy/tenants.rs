@@ -14,9 +14,9 @@ use crate::common::*;
 async fn quiet_latency(tenant_windows: bool) -> Duration {
     let upstream = Scripted::start(|_, _| json_response(200, &[], &chat_answer(3, 2))).await;
     let tenants = if tenant_windows {
-        "[tenants]\nfrom = \"header:x-team\"\nrequests = \"5/s\"\n"
+        "[tenants]\nfrom = \"header:x-team\"\ntrusted_network = true\nrequests = \"5/s\"\n"
     } else {
-        "[tenants]\nfrom = \"header:x-team\"\n"
+        "[tenants]\nfrom = \"header:x-team\"\ntrusted_network = true\n"
     };
     let proxy = proxy(&format!(
         r#"
@@ -84,7 +84,7 @@ async fn virtual_keys_stand_for_the_real_key_which_never_leaves_the_proxy() {
     let proxy = proxy(&format!(
         r#"
         [tenants]
-        virtual_keys = {{ "vk-alice" = "alice", "vk-bob" = "bob" }}
+        virtual_keys = {{ "vk-alice" = "alice", "vk-bob-12" = "bob" }}
         requests = "100/m"
         [[upstream]]
         name = "vk"
@@ -139,12 +139,14 @@ async fn a_model_named_like_a_tenant_key_does_not_touch_that_tenants_windows() {
         r#"
         [tenants]
         from = "header:x-team"
+        trusted_network = true
         requests = "2/m"
         [[upstream]]
         name = "tk"
         url = "{}"
         profile = "openai"
         requests = "100/m"
+        timeout_seconds = 0.2
         "#,
         upstream.url()
     ))
@@ -175,6 +177,12 @@ async fn a_model_named_like_a_tenant_key_does_not_touch_that_tenants_windows() {
             &format!(r#"tollgate_calls_admitted_total{{key="{key}"}}"#),
         )
     };
-    assert_eq!(admitted("tk:tenant:team-a"), Some(2.0), "{text}");
-    assert_eq!(admitted("tk:model:tenant:team-a"), Some(1.0), "{text}");
+    // Team A's two calls passed its 2/m: the hostile call took nothing of its windows, and
+    // went to the upstream's own key (a model no one configured gets no key of its own).
+    assert_eq!(admitted("tk:gpt-4o"), Some(2.0), "{text}");
+    assert_eq!(admitted("tk"), Some(1.0), "{text}");
+    assert_eq!(
+        send(proxy.addr, path, &team, chat("gpt-4o")).await.status,
+        429
+    );
 }

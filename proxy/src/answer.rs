@@ -13,34 +13,43 @@ use crate::relay::Relay;
 
 /// What went wrong, in the words each provider uses for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// The call's wait for its toll would pass its deadline (429, worth retrying later).
     RateLimited,
     /// The request body is larger than the proxy takes (413).
     TooLarge,
     /// The request can't be read or can never pass (400).
     Invalid,
-    /// Virtual keys are required and this one is unknown (401).
+    /// The credentials can't be used: no key, an unknown or malformed one, no tenant (401).
     Unauthorized,
     /// No route (404).
     NotFound,
+    /// The request's body came too slowly, or not at all (408).
+    SlowBody,
+    /// A `content-encoding` the proxy can't read (415).
+    UnsupportedEncoding,
     /// The upstream could not be reached (502).
     Upstream,
-    /// The store is down, or the proxy is draining (503).
+    /// The store is down, the proxy is draining, or its memory for bodies is full (503).
     Unavailable,
+    /// The upstream said nothing by the call's deadline (504).
+    UpstreamTimeout,
 }
 
 impl Kind {
     /// The status it is answered with.
-    pub fn status(self) -> StatusCode {
+    pub(crate) fn status(self) -> StatusCode {
         match self {
             Kind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             Kind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Kind::Invalid => StatusCode::BAD_REQUEST,
             Kind::Unauthorized => StatusCode::UNAUTHORIZED,
             Kind::NotFound => StatusCode::NOT_FOUND,
+            Kind::SlowBody => StatusCode::REQUEST_TIMEOUT,
+            Kind::UnsupportedEncoding => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Kind::Upstream => StatusCode::BAD_GATEWAY,
             Kind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Kind::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
         }
     }
 
@@ -51,8 +60,11 @@ impl Kind {
             Kind::Invalid => ("invalid_request_error", "invalid_request"),
             Kind::Unauthorized => ("invalid_request_error", "invalid_api_key"),
             Kind::NotFound => ("invalid_request_error", "unknown_url"),
+            Kind::SlowBody => ("invalid_request_error", "request_timeout"),
+            Kind::UnsupportedEncoding => ("invalid_request_error", "unsupported_encoding"),
             Kind::Upstream => ("server_error", "upstream_unreachable"),
             Kind::Unavailable => ("server_error", "service_unavailable"),
+            Kind::UpstreamTimeout => ("server_error", "upstream_timeout"),
         }
     }
 
@@ -60,33 +72,23 @@ impl Kind {
         match self {
             Kind::RateLimited => "rate_limit_error",
             Kind::TooLarge => "request_too_large",
-            Kind::Invalid => "invalid_request_error",
+            Kind::Invalid | Kind::SlowBody | Kind::UnsupportedEncoding => "invalid_request_error",
             Kind::Unauthorized => "authentication_error",
             Kind::NotFound => "not_found_error",
-            Kind::Upstream => "api_error",
+            Kind::Upstream | Kind::UpstreamTimeout => "api_error",
             Kind::Unavailable => "overloaded_error",
         }
     }
 }
 
 /// The body of an error in `family`'s shape.
-///
-/// ```
-/// use tollgate_proxy::config::Family;
-/// use tollgate_proxy::errors::{Kind, body};
-///
-/// let openai: serde_json::Value = serde_json::from_slice(&body(Family::OpenAi, Kind::RateLimited, "wait")).unwrap();
-/// assert_eq!(openai["error"]["code"], "rate_limit_exceeded");
-/// let anthropic: serde_json::Value = serde_json::from_slice(&body(Family::Anthropic, Kind::RateLimited, "wait")).unwrap();
-/// assert_eq!(anthropic["error"]["type"], "rate_limit_error");
-/// ```
-pub fn body(family: Family, kind: Kind, message: &str) -> Bytes {
+pub(crate) fn body(family: Family, kind: Kind, message: &str) -> Bytes {
     let value = match family {
         Family::Anthropic => json!({
             "type": "error",
             "error": {"type": kind.anthropic_type(), "message": message},
         }),
-        Family::OpenAi | Family::Azure => {
+        Family::OpenAi | Family::Azure | Family::Voyage => {
             let (kind, code) = kind.openai_type();
             json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
         }
@@ -97,7 +99,7 @@ pub fn body(family: Family, kind: Kind, message: &str) -> Bytes {
 /// A whole error answer. A 429 carries `retry-after` (whole seconds, at least 1) and
 /// `retry-after-ms`, and `x-should-retry: true`, which the OpenAI and Anthropic SDKs read;
 /// `x-tollgate: local` says the proxy wrote it, not the provider.
-pub fn answer(
+pub(crate) fn answer(
     family: Family,
     kind: Kind,
     message: &str,
@@ -150,6 +152,19 @@ mod tests {
         );
         assert_eq!(tiny.headers()["retry-after"], "1");
         assert_eq!(tiny.headers()["retry-after-ms"], "1");
+    }
+
+    #[test]
+    fn each_provider_reads_its_own_shape() {
+        let openai: serde_json::Value =
+            serde_json::from_slice(&body(Family::OpenAi, Kind::RateLimited, "wait")).unwrap();
+        assert_eq!(openai["error"]["code"], "rate_limit_exceeded");
+        let anthropic: serde_json::Value =
+            serde_json::from_slice(&body(Family::Anthropic, Kind::RateLimited, "wait")).unwrap();
+        assert_eq!(anthropic["error"]["type"], "rate_limit_error");
+        assert_eq!(Kind::SlowBody.status(), 408);
+        assert_eq!(Kind::UnsupportedEncoding.status(), 415);
+        assert_eq!(Kind::UpstreamTimeout.status(), 504);
     }
 
     #[test]

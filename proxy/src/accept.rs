@@ -1,0 +1,437 @@
+//! The listener: accepts connections (HTTP/1.1 and HTTP/2), bounds what each may hold, serves
+//! each request, and on shutdown stops accepting and lets the calls in flight finish, up to a
+//! deadline.
+//!
+//! Every connection is watched: one with no request in flight that sends nothing for
+//! `idle_timeout` is closed (a new one that never speaks, a kept-alive one between requests, an
+//! HTTP/2 one with no streams). Past `max_connections`, the connection idle the longest is
+//! closed to make room; when none is idle, the new one is answered 503 and closed. The
+//! listener never stops accepting.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tollgate::MemoryStore;
+use tollgate::store::AnyStore;
+
+use crate::config::Config;
+use crate::proxy::handle;
+use crate::state::{Shared, StartError};
+
+/// A proxy bound to its address, not yet serving.
+pub struct Proxy {
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    drain: std::time::Duration,
+}
+
+/// How a drain ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drained {
+    /// Every call in flight finished.
+    Clean,
+    /// The deadline passed with calls still in flight; they were cut.
+    Cut,
+}
+
+/// One connection's state, shared by its watchdog, its reads and its requests.
+pub(crate) struct Connection {
+    /// Milliseconds since the listener started, at the last byte read or response finished.
+    last: AtomicU64,
+    /// Requests whose response is not finished.
+    in_flight: AtomicUsize,
+    /// Told to close (to make room for another).
+    close: Notify,
+    epoch: Instant,
+}
+
+impl Connection {
+    fn new(epoch: Instant) -> Connection {
+        let connection = Connection {
+            last: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+            close: Notify::new(),
+            epoch,
+        };
+        connection.touch();
+        connection
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn touch(&self) {
+        self.last.store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    fn idle_for(&self) -> Option<u64> {
+        (self.in_flight.load(Ordering::Acquire) == 0).then(|| {
+            self.now_ms()
+                .saturating_sub(self.last.load(Ordering::Relaxed))
+        })
+    }
+
+    /// A request started: the connection is busy until the guard (kept by its response's
+    /// body) is dropped.
+    pub(crate) fn start(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.touch();
+        InFlight(Arc::clone(self))
+    }
+}
+
+/// A request in flight on a connection.
+pub(crate) struct InFlight(Arc<Connection>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The live connections, for making room.
+#[derive(Default)]
+struct Connections {
+    live: Mutex<HashMap<u64, Arc<Connection>>>,
+    next: AtomicU64,
+}
+
+impl Connections {
+    /// Room for one more: the connection idle the longest is told to close when there are
+    /// `most` already; false when none is idle.
+    fn make_room(&self, most: usize) -> Option<bool> {
+        let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        if live.len() < most {
+            return None;
+        }
+        let idlest = live
+            .iter()
+            .filter_map(|(id, c)| c.idle_for().map(|idle| (idle, *id)))
+            .max_by_key(|(idle, _)| *idle)
+            .map(|(_, id)| id);
+        // Out of the count at once: the next connection makes room elsewhere.
+        match idlest.and_then(|id| live.remove(&id)) {
+            Some(connection) => {
+                connection.close.notify_one();
+                Some(true)
+            }
+            None => Some(false),
+        }
+    }
+}
+
+/// A connection's reads stamp its activity.
+struct Watched {
+    stream: TcpStream,
+    connection: Arc<Connection>,
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            this.connection.touch();
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+/// Waits until the connection has been idle for `idle` (nothing in flight, nothing read).
+async fn idle(connection: &Connection, idle: std::time::Duration) {
+    let idle_ms = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX).max(1);
+    loop {
+        let last = connection.last.load(Ordering::Relaxed);
+        let due = last.saturating_add(idle_ms);
+        let now = connection.now_ms();
+        if now < due {
+            tokio::time::sleep(std::time::Duration::from_millis(due - now)).await;
+            continue;
+        }
+        match connection.idle_for() {
+            Some(quiet) if quiet >= idle_ms => return,
+            // Busy: look again a period from now (its last activity moves when it ends).
+            _ => tokio::time::sleep(idle).await,
+        }
+    }
+}
+
+/// The most connections the process's descriptors allow: its soft limit, raised to the hard
+/// one, less room for upstream connections and the rest (each client connection may need one
+/// upstream connection too).
+fn descriptor_room() -> Option<usize> {
+    #[cfg(unix)]
+    {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit and setrlimit only read and write the struct passed.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+                return None;
+            }
+            if limit.rlim_cur < limit.rlim_max {
+                let raised = libc::rlimit {
+                    rlim_cur: limit.rlim_max,
+                    rlim_max: limit.rlim_max,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                    limit = raised;
+                }
+            }
+        }
+        let descriptors = usize::try_from(limit.rlim_cur).unwrap_or(usize::MAX);
+        Some(descriptors.saturating_sub(64) / 2)
+    }
+    #[cfg(not(unix))]
+    None
+}
+
+impl Proxy {
+    /// Binds `config.listen` and connects to the store (Redis, when `config.redis` is set).
+    pub async fn bind(config: Config) -> Result<Proxy, StartError> {
+        let store: AnyStore = match &config.redis {
+            Some(url) => {
+                let store = tollgate::store::redis::RedisStore::connect(url)
+                    .await
+                    .map_err(|e| StartError(format!("redis: {e}")))?;
+                store.into()
+            }
+            None => MemoryStore::new().into(),
+        };
+        let mut config = config;
+        if let Some(room) = descriptor_room()
+            && room < config.bounds.max_connections
+        {
+            tracing::warn!(
+                configured = config.bounds.max_connections,
+                room,
+                "max_connections is more than the process's descriptors allow; lowered (raise `ulimit -n`)"
+            );
+            config.bounds.max_connections = room.max(1);
+        }
+        let shared = Arc::new(Shared::new(&config, store)?);
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .map_err(|e| StartError(format!("listen on {}: {e}", config.listen)))?;
+        Ok(Proxy {
+            listener,
+            shared,
+            drain: config.drain,
+        })
+    }
+
+    /// The address it listens on (the port the system chose, for `:0`).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    /// Serves until `shutdown` completes, then drains: no new connection is accepted,
+    /// `/healthz` and `/readyz` answer 503, a request still sending its body is answered 503,
+    /// idle connections are closed, and calls in flight (streams included) run on until they
+    /// end or the drain deadline passes.
+    pub async fn serve(self, shutdown: impl Future<Output = ()>) -> Drained {
+        let graceful = GracefulShutdown::new();
+        let bounds = self.shared.bounds.clone();
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        // Without a timer hyper enforces no header timeout: a client that sends half a head
+        // and waits would hold its connection (and a descriptor) for ever.
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(bounds.header_timeout);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(256)
+            .max_header_list_size(256 << 10);
+        let connections = Arc::new(Connections::default());
+        let epoch = Instant::now();
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            let accepted = tokio::select! {
+                accepted = self.listener.accept() => accepted,
+                () = &mut shutdown => break,
+            };
+            let (mut stream, _peer) = match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    // Out of descriptors, or a connection reset before it was accepted:
+                    // wait a moment rather than spin.
+                    tracing::warn!(error = %err, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    continue;
+                }
+            };
+            match connections.make_room(bounds.max_connections) {
+                None => {}
+                Some(true) => self.shared.proxy_metrics.crowded_closed.increment(1),
+                Some(false) => {
+                    self.shared.proxy_metrics.crowded_refused.increment(1);
+                    tokio::spawn(async move {
+                        let _ = tokio::time::timeout(
+                            std::time::Duration::from_secs(1),
+                            stream.write_all(
+                                b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\nretry-after: 1\r\n\r\n",
+                            ),
+                        )
+                        .await;
+                    });
+                    continue;
+                }
+            }
+            let _ = stream.set_nodelay(true);
+            let connection = Arc::new(Connection::new(epoch));
+            let id = connections.next.fetch_add(1, Ordering::Relaxed);
+            connections
+                .live
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(id, Arc::clone(&connection));
+            let shared = Arc::clone(&self.shared);
+            let watched = Arc::clone(&connection);
+            let service = service_fn(move |request| {
+                let shared = Arc::clone(&shared);
+                let in_flight = watched.start();
+                async move { Ok::<_, Infallible>(handle(shared, request, in_flight).await) }
+            });
+            let io = Watched {
+                stream,
+                connection: Arc::clone(&connection),
+            };
+            let served = builder
+                .serve_connection(TokioIo::new(io), service)
+                .into_owned();
+            let served = graceful.watch(served);
+            let (connections, shared) = (Arc::clone(&connections), Arc::clone(&self.shared));
+            let idle_timeout = bounds.idle_timeout;
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = served => {}
+                    () = idle(&connection, idle_timeout) => {
+                        shared.proxy_metrics.idle_closed.increment(1);
+                    }
+                    () = connection.close.notified() => {}
+                }
+                connections
+                    .live
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&id);
+            });
+        }
+        drop(self.listener);
+        self.shared.draining.store(true, Ordering::Relaxed);
+        self.shared.drain_started.notify_waiters();
+        tracing::info!(deadline = ?self.drain, "draining: no new connections");
+        match tokio::time::timeout(self.drain, graceful.shutdown()).await {
+            Ok(()) => {
+                tracing::info!("drained: every call finished");
+                Drained::Clean
+            }
+            Err(_) => {
+                tracing::warn!("the drain deadline passed: the calls still in flight are cut");
+                Drained::Cut
+            }
+        }
+    }
+
+    /// Serves in a task of its own: for tests and embedding.
+    pub fn spawn(self) -> Running {
+        let addr = self.local_addr();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(self.serve(async move {
+            let _ = stopped.await;
+        }));
+        Running {
+            addr,
+            stop: Some(stop),
+            task,
+        }
+    }
+}
+
+/// A proxy serving in a task.
+pub struct Running {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Drained>,
+}
+
+impl Running {
+    /// Its base URL for OpenAI-style clients: `http://127.0.0.1:PORT/v1`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// Starts the drain (as SIGTERM does) and waits for it to end.
+    pub async fn shutdown(mut self) -> Drained {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        (&mut self.task).await.unwrap_or(Drained::Cut)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.stop.is_some() {
+            self.task.abort();
+        }
+    }
+}

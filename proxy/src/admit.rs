@@ -1,0 +1,241 @@
+//! A request's body read within its bounds, then its toll: read the way its upstream will read
+//! it, and paid at the tenant's windows (before the organization's, at forwarding).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::HeaderMap;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
+use tollgate::Error;
+use tollgate::http::{Attempts, BodyError};
+
+use crate::answer::Kind;
+use crate::config::{Family, UnknownModels};
+use crate::state::{BUFFER_UNIT, Shared, TENANT_PART, Upstreamed, model_entry, model_of};
+use crate::tenant::Tenant;
+
+/// How long a body may come at any rate before the minimum rate applies.
+const BODY_GRACE: Duration = Duration::from_secs(5);
+
+/// Why a body was not read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BodyFail {
+    /// Larger than the proxy takes (413).
+    TooLarge,
+    /// Slower than the minimum rate, or past the body's deadline (408).
+    Slow,
+    /// The memory for bodies is full (503).
+    Busy,
+    /// The proxy started draining while it came (503).
+    Draining,
+    /// The client broke the body off (400).
+    Broken,
+}
+
+/// The `content-length` a request declares.
+pub(crate) fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(http::header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+fn units(bytes: usize) -> u32 {
+    u32::try_from(bytes.div_ceil(BUFFER_UNIT)).unwrap_or(u32::MAX)
+}
+
+/// Reads a request's body: at most `max_body` bytes, counted against the memory for bodies
+/// (the permit comes back when the request is done), by its deadline and at the minimum rate,
+/// and given up when the proxy starts draining.
+pub(crate) async fn read_body(
+    shared: &Shared,
+    headers: &HeaderMap,
+    mut body: Incoming,
+) -> Result<(Bytes, Option<OwnedSemaphorePermit>), BodyFail> {
+    let started = Instant::now();
+    let bounds = &shared.bounds;
+    let declared = content_length(headers).and_then(|n| usize::try_from(n).ok());
+    let mut held: Option<OwnedSemaphorePermit> = None;
+    let hold = |bytes: usize, held: &mut Option<OwnedSemaphorePermit>| {
+        let want = units(bytes);
+        let have = held.as_ref().map_or(0, |p| p.num_permits() as u32);
+        if want <= have {
+            return Ok(());
+        }
+        let more = Arc::clone(&shared.buffered)
+            .try_acquire_many_owned(want - have)
+            .map_err(|_| BodyFail::Busy)?;
+        match held {
+            Some(permit) => permit.merge(more),
+            None => *held = Some(more),
+        }
+        Ok(())
+    };
+    if let Some(declared) = declared {
+        hold(declared, &mut held)?;
+    }
+    let mut data = BytesMut::with_capacity(declared.unwrap_or(0).min(shared.max_body));
+    let deadline = started + bounds.body_timeout;
+    let drain = shared.drain_started.notified();
+    let mut drain = std::pin::pin!(drain);
+    drain.as_mut().enable();
+    loop {
+        if shared.draining.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(BodyFail::Draining);
+        }
+        // By `t` after the start, the body must have sent `rate × (t − grace)` bytes.
+        let behind = match bounds.body_min_rate {
+            0 => deadline,
+            rate => {
+                let allowed = Duration::from_secs_f64(data.len() as f64 / rate as f64);
+                started + BODY_GRACE + allowed
+            }
+        };
+        let until = deadline.min(behind);
+        let frame = tokio::select! {
+            frame = tokio::time::timeout_at(until, body.frame()) => frame,
+            () = &mut drain => return Err(BodyFail::Draining),
+        };
+        match frame {
+            Err(_) => return Err(BodyFail::Slow),
+            Ok(None) => break,
+            Ok(Some(Err(_))) => return Err(BodyFail::Broken),
+            Ok(Some(Ok(frame))) => {
+                let Ok(bytes) = frame.into_data() else {
+                    continue;
+                };
+                if data.len() + bytes.len() > shared.max_body {
+                    return Err(BodyFail::TooLarge);
+                }
+                hold(data.len() + bytes.len(), &mut held)?;
+                data.extend_from_slice(&bytes);
+            }
+        }
+    }
+    Ok((data.freeze(), held))
+}
+
+/// Why a call was not admitted: the answer's kind, and what the client is told.
+pub(crate) struct Refusal {
+    pub(crate) kind: Kind,
+    pub(crate) message: String,
+    pub(crate) retry_after: Option<Duration>,
+}
+
+impl Refusal {
+    fn new(kind: Kind, message: impl Into<String>) -> Refusal {
+        Refusal {
+            kind,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+}
+
+/// What a refusal of the gate (or a tenant's window) is answered with.
+pub(crate) fn refusal(shared: &Shared, upstream: &Upstreamed, err: &Error) -> Refusal {
+    match err {
+        Error::Timeout { needed, .. } => {
+            upstream.metrics.local_429s.increment(1);
+            let wait = needed.unwrap_or(Duration::from_secs(1));
+            Refusal {
+                kind: Kind::RateLimited,
+                message: format!(
+                    "tollgate-proxy: this call would wait past its deadline for its share of the rate limit; retry after {:.1} s ({err})",
+                    wait.as_secs_f64()
+                ),
+                retry_after: Some(wait),
+            }
+        }
+        Error::QueueFull { .. } => {
+            upstream.metrics.local_429s.increment(1);
+            Refusal {
+                kind: Kind::RateLimited,
+                message: format!("tollgate-proxy: {err}"),
+                retry_after: Some(Duration::from_secs(1)),
+            }
+        }
+        Error::CostExceedsCapacity { .. } | Error::InvalidCost { .. } => Refusal::new(
+            Kind::Invalid,
+            format!("tollgate-proxy: this call can never pass: {err}"),
+        ),
+        Error::Body(BodyError::UnsupportedEncoding(_)) => {
+            Refusal::new(Kind::UnsupportedEncoding, format!("tollgate-proxy: {err}"))
+        }
+        Error::Body(BodyError::TooLarge { .. }) => {
+            upstream.metrics.too_large.increment(1);
+            Refusal::new(Kind::TooLarge, format!("tollgate-proxy: {err}"))
+        }
+        Error::Body(_) => Refusal::new(Kind::Invalid, format!("tollgate-proxy: {err}")),
+        Error::Unavailable { .. } | Error::Store { .. } => {
+            shared.proxy_metrics.store_errors.increment(1);
+            tracing::warn!(upstream = %upstream.name, error = %err, "the store could not serve a call");
+            Refusal::new(
+                Kind::Unavailable,
+                "tollgate-proxy: the rate-limit store can't be reached; nothing was sent",
+            )
+        }
+        _ => Refusal::new(Kind::Unavailable, format!("tollgate-proxy: {err}")),
+    }
+}
+
+/// Reads a metered request for its upstream and pays its tenant's toll: the attempts to
+/// forward it.
+pub(crate) async fn prepare(
+    shared: &Shared,
+    upstream: &Upstreamed,
+    tenant: Option<&Tenant>,
+    parts: &http::request::Parts,
+    body: &Bytes,
+) -> Result<Attempts, Refusal> {
+    let gate = &upstream.gate;
+    let estimated = gate
+        .read(parts, body)
+        .map_err(|err| refusal(shared, upstream, &err))?;
+    if upstream.config.unknown_models == UnknownModels::Refuse {
+        let named = match upstream.family {
+            Family::Azure => model_of(Family::Azure, parts, &serde_json::Value::Null),
+            _ => estimated.model(),
+        };
+        if let Some(model) = named
+            && model_entry(&upstream.config, &upstream.profile, model).is_none()
+        {
+            return Err(Refusal::new(
+                Kind::Invalid,
+                format!(
+                    "tollgate-proxy: upstream `{}` does not serve the model `{}`",
+                    upstream.name,
+                    crate::proxy::printable(model)
+                ),
+            ));
+        }
+    }
+    let mut attempts = Attempts::of(gate, estimated);
+    // The tenant's own windows first: while it waits at the organization's key it holds
+    // only its own tokens, never the organization's, so no order of waiting can deadlock,
+    // and a tenant past its windows can't take the organization's line from the others.
+    if let (Some(tenant), Some(limits)) = (tenant, &upstream.tenant_limits) {
+        let key = format!("{}:{TENANT_PART}{}", upstream.name, tenant.name);
+        let limiter = shared
+            .registry
+            .limiter(&key, limits)
+            .map_err(|err| refusal(shared, upstream, &err))?;
+        if tenant.configured {
+            upstream.saw_key(&key);
+        }
+        let cost = gate.cost_of(attempts.estimated(), Some(limits));
+        let permit = limiter
+            .acquire_until(cost, attempts.deadline())
+            .await
+            .map_err(|err| refusal(shared, upstream, &err))?;
+        attempts.attach(permit);
+    }
+    Ok(attempts)
+}
