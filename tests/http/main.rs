@@ -7,6 +7,7 @@ mod bound;
 mod closed_loop;
 mod gate;
 mod hostile;
+mod metering;
 #[cfg(feature = "reqwest-middleware")]
 mod reqwest_middleware;
 #[cfg(feature = "tower")]
