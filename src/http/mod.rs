@@ -10,14 +10,22 @@
 //!
 //! # What a gate does with each call
 //!
-//! 1. **Before**: the key (by default the profile's name and the body's `model`, or a function
-//!    of the request's head and body) and the cost: 1 request, the input tokens of the body's
-//!    messages, input, tools and images as the estimators read them, and the output it reserves
-//!    (`max_tokens` × `n`) where the [`Profile`] charges it. Then it waits for the toll. The
-//!    admission is remembered in the store as a call *in flight*, with what the key's windows
-//!    held when it went out. With sync on, a key's first call goes alone, and the others wait
-//!    (up to [`GateBuilder::first_answer_wait`], 1 s) for its answer, so that they are admitted
-//!    against what the provider says is left rather than a full bucket.
+//! 1. **Before**: the request is read as its upstream will read it: a `content-encoding`
+//!    (gzip, deflate, br, zstd) undone within [`GateBuilder::max_body`], a byte-order mark,
+//!    UTF-16 and UTF-32 decoded, and JSON that Python's and JavaScript's parsers take (`NaN`,
+//!    `1e400`, lone surrogates, deep nesting) read as they read it; a body no server reads pays
+//!    one token a byte. Then the key (by default the profile's name and the body's `model`, or a
+//!    function of the request's head and body) and the cost: 1 request, the input tokens of
+//!    every field the provider bills (messages, `system`, `instructions`, `input`, `prompt`,
+//!    `suffix`, a prediction, tools, images; an unknown field counts too), and the output it
+//!    reserves where the [`Profile`] charges it: `max_tokens` × `n`, or, when the request names
+//!    none, its model's most output ([`models`]) as far as the windows hold beside its input.
+//!    A stream that did not ask for its usage is asked for it (`stream_options.include_usage`,
+//!    [`Profile::stream_usage`]): [`Call::body`] is the body to send. Then it waits for the
+//!    toll. The admission is remembered in the store as a call *in flight*, with what the key's
+//!    windows held when it went out. With sync on, a key's first call goes alone, and the others
+//!    wait (up to [`GateBuilder::first_answer_wait`], 1 s) for its answer, so that they are
+//!    admitted against what the provider says is left rather than a full bucket.
 //! 2. **After the head**: a *sync*, one store operation. The provider's `remaining` was counted
 //!    when the call arrived there; the gate compares it with what the windows held when the
 //!    call went out, less what was already corrected since. Refill since then, calls sent
@@ -28,13 +36,24 @@
 //!    have seen spent elsewhere), so an honest provider is never double counted.
 //!    `remaining` never raises a window. A 429 is [`Verdict::Permanent`] (OpenAI's
 //!    `insufficient_quota`, Anthropic's spend limit, which has no `retry-after`) or
-//!    [`Verdict::Transient`], which pauses the key for the provider's pause and empties the
-//!    currencies the 429 says are spent (all, when it doesn't say); the refused call's own
-//!    charge comes back in its sync (the provider counted nothing of it).
+//!    [`Verdict::Transient`], which pauses the key for the provider's pause (from its headers,
+//!    or Gemini's body) and empties the currencies the 429 says are spent (all, when it doesn't
+//!    say). The refused call keeps what the provider's rules say a 429 costs
+//!    ([`Profile::refusal_costs`]: the request, for every preset, since OpenAI and Gemini count
+//!    refused requests); the rest of its charge comes back in its sync.
 //! 3. **After the body**: the permit settles with the usage the body (or the stream's events)
 //!    reported: an overestimate is refunded, a shortfall charged. A shortfall the provider had
 //!    already counted when a sync or a 429 took it off is drawn from that correction, never
-//!    charged twice, and only up to what the correction held.
+//!    charged twice, and only up to what the correction held. An answer that reports no output
+//!    count settles with the output counted from the text it generated (content, tool-call
+//!    arguments, reasoning, refusals, transcripts). Usage no request could have produced (more
+//!    output than its `max_tokens`, more than a window's burst) is cut to that bound. A body cut
+//!    short (the caller left, the upstream broke off) keeps its charge, or what was generated if
+//!    more: never less than was generated.
+//!
+//! [`Attempts`] is the step every adapter drives: read the request once, admit each attempt
+//! under one deadline, and after each answer deliver it metered, retry after the provider's
+//! pause, hand a 429 on, or refuse for good.
 //!
 //! # The bound
 //!
@@ -42,8 +61,9 @@
 //! tokens a key lets through in any interval `[t, t + dt]` are at most `B + r·dt` of its
 //! configured windows, plus the shortfalls its own settlements charged (debt, bounded at 64
 //! bursts): headers only ever lower a window, and a settlement charges what the provider
-//! billed. So a budget set below the provider's limit holds however the provider answers
-//! (`tests/http/bound.rs` drives an adversarial provider through 10,000 random runs).
+//! billed (cut, for usage no request could have produced, to that bound). So a budget set below
+//! the provider's limit holds however the provider answers (`tests/http/bound.rs` drives an
+//! adversarial provider through 10,000 random runs).
 //!
 //! # Spending elsewhere
 //!
@@ -65,8 +85,10 @@
 //! # Limits from the headers
 //!
 //! [`GateBuilder::limits_from_headers`] lets each key take its limits from its first response
-//! (read per minute, as OpenAI and Anthropic state them); until then its calls go one at a time.
-//! A `limit` header that disagrees with configured limits gets one warning.
+//! (read per minute, as OpenAI and Anthropic state them); until then its calls go one at a time,
+//! each holding the key's turn until its answer comes or [`GateBuilder::first_answer_wait`]
+//! passes (so that a call that hangs can't hold the key). A `limit` header that disagrees with
+//! configured limits gets one warning.
 //!
 //! # Adapters
 //!
