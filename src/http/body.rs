@@ -288,7 +288,7 @@ struct UsageFilter {
 }
 
 /// The longest event the filter holds back.
-const FILTER_MOST: usize = 4 << 20;
+const FILTER_MOST: usize = 1 << 20;
 
 impl UsageFilter {
     fn is_empty(&self) -> bool {

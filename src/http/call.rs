@@ -36,8 +36,6 @@ pub struct Call {
     /// What the gate estimated: input tokens, and the most output the call may write.
     input: u64,
     most_output: u64,
-    /// Whether the request named its `max_tokens` (the provider writes no more).
-    explicit: bool,
     model: Option<String>,
     /// The body to send in place of the caller's, when the gate changed it.
     send: Option<Bytes>,
@@ -174,7 +172,6 @@ impl Call {
             sent: None,
             input: estimated.input,
             most_output: estimated.output,
-            explicit: estimated.explicit,
             model: estimated.model.clone(),
             send: estimated.send.clone(),
             usage_added: estimated.usage_added,
@@ -569,8 +566,8 @@ impl Call {
     ///
     /// A response that reported no output count is settled with the output counted from the
     /// text it generated ([`Reported::generated`]), and its input estimate. Usage no request
-    /// could have produced (more output than its `max_tokens`, or more than a whole window's
-    /// burst) is cut to that bound, with a warning and `tollgate_usage_clamped_total`.
+    /// could have produced (more than a whole window's burst: the provider would have refused
+    /// such a call) is cut to that bound, with a warning and `tollgate_usage_clamped_total`.
     pub async fn finish(mut self, reported: Reported) -> Result<Usage, Error> {
         self.sent.get_or_insert_with(Instant::now);
         let mut reported = reported;
@@ -652,17 +649,15 @@ impl Call {
                 .map(|r| r.burst())
                 .max()
         };
+        // No call can be billed more than a whole window holds: the provider would have
+        // refused it. (More output than `max_tokens` asked for is possible from a provider that
+        // ignores it, and is billed: only the impossible is cut.)
         let input_most = largest(Currency::Tokens).unwrap_or(u64::MAX);
-        let window_output = match profile.output {
+        let output_most = match profile.output {
             super::OutputTo::OutputTokens => largest(Currency::OutputTokens),
             _ => largest(Currency::Tokens),
         }
         .unwrap_or(u64::MAX);
-        let output_most = if self.explicit {
-            self.most_output
-        } else {
-            self.most_output.max(window_output)
-        };
         let mut cut = *reported;
         let mut clamped = false;
         let mut bound = |slot: &mut Option<u64>, most: u64| {
@@ -684,7 +679,7 @@ impl Call {
                 tracing::warn!(
                     key = %self.state.key,
                     reported = ?reported,
-                    "the provider reported usage no request could have produced (more output than it may write, or more than a whole window); it is settled at that bound",
+                    "the provider reported usage no request could have produced (more than a whole window holds); it is settled at that bound",
                 );
             }
         }

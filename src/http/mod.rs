@@ -47,7 +47,7 @@
 //!    charged twice, and only up to what the correction held. An answer that reports no output
 //!    count settles with the output counted from the text it generated (content, tool-call
 //!    arguments, reasoning, refusals, transcripts). Usage no request could have produced (more
-//!    output than its `max_tokens`, more than a window's burst) is cut to that bound. A body cut
+//!    than a window's burst) is cut to that bound. A body cut
 //!    short (the caller left, the upstream broke off) keeps its charge, or what was generated if
 //!    more: never less than was generated.
 //!

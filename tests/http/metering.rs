@@ -180,8 +180,9 @@ async fn the_usage_chunk_the_gate_asked_for_is_taken_out_wherever_the_stream_is_
     }
 }
 
-/// Usage no request could have produced is cut to what it could: output to the `max_tokens`
-/// the request named, everything to a window's burst. The key pays at most that.
+/// Usage no request could have produced (more than a window's burst) is cut to the burst: the
+/// key pays at most that. More output than `max_tokens` asked for is possible (a provider that
+/// ignores it) and is billed.
 #[tokio::test]
 async fn usage_no_request_could_produce_is_clamped() {
     let registry = Arc::new(Registry::new(MemoryStore::new()));
@@ -203,17 +204,17 @@ async fn usage_no_request_could_produce_is_clamped() {
             false,
         )
     };
-    // 10 in and 900 out, where the request allowed 50 out: settled as 60.
+    // 10 in and 900 out, where the request allowed 50 out: billed as reported.
     let usage = send().await.finish(report(10, 900)).await.unwrap();
-    assert_eq!(usage.tokens, Some(60));
+    assert_eq!(usage.tokens, Some(910));
     assert_eq!(
         tokens_left(&registry, "openai:gpt-4o", "6000/d").await,
-        6_000 - 60
+        6_000 - 910
     );
     // An input of u64::MAX: a whole burst at most, and no debt beyond it.
     let usage = send().await.finish(report(u64::MAX, 0)).await.unwrap();
     assert_eq!(usage.tokens, Some(6_000));
-    assert_eq!(tokens_left(&registry, "openai:gpt-4o", "6000/d").await, -60);
+    assert_eq!(tokens_left(&registry, "openai:gpt-4o", "6000/d").await, -910);
 }
 
 /// A body cut short (the client left, the upstream broke off) keeps what the call was charged,
