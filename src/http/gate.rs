@@ -519,7 +519,30 @@ impl Gate {
     ) -> Result<Call, Error> {
         let state = self.state(estimated.key.clone())?;
         let left = || deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
+        let learning = matches!(self.inner.limits, LimitsFrom::Headers(_));
         loop {
+            // Limits from the headers, with a currency still unknown: its calls go one at a
+            // time (the limiter holds only the currencies learned so far, and nothing would
+            // hold the others).
+            if learning && !state.knows_every(&self.inner.profile) {
+                let turn = self.turn(&state, left()).await?;
+                let Some(limiter) = state.limiter() else {
+                    return Ok(Call::new(self.clone(), state, None, Some(turn), estimated));
+                };
+                if state.knows_every(&self.inner.profile) {
+                    drop(turn);
+                    continue;
+                }
+                let cost = self.cost_of(estimated, Some(limiter.limits()));
+                let permit = limiter.acquire_flight(cost, left()).await?;
+                return Ok(Call::new(
+                    self.clone(),
+                    state,
+                    Some(permit),
+                    Some(turn),
+                    estimated,
+                ));
+            }
             if let Some(limiter) = state.limiter() {
                 // With sync on, a key's first call goes alone: the windows can't know what
                 // others spent from the quota until the provider has said so once, and calls

@@ -52,6 +52,16 @@ impl Keyed {
         }
     }
 
+    /// Whether every currency the profile's headers count has its limit learned: until then,
+    /// calls go one at a time (a currency whose limit is unknown has no window to hold it).
+    pub(super) fn knows_every(&self, profile: &super::Profile) -> bool {
+        let learned = self.learned.lock().unwrap_or_else(PoisonError::into_inner);
+        profile
+            .headers
+            .iter()
+            .all(|names| learned[super::index(names.currency)].is_some())
+    }
+
     /// The key's limiter, once its limits are known.
     pub(super) fn limiter(&self) -> Option<Limiter> {
         self.limiter
@@ -111,7 +121,15 @@ impl Keyed {
             format!("{}@{limits}", self.key)
         };
         let limiter = registry.limiter(&store_key, &limits)?;
-        tracing::info!(key = %self.key, %limits, "limits taken from the provider's headers");
+        if first {
+            tracing::info!(key = %self.key, %limits, "limits taken from the provider's headers");
+        } else {
+            tracing::warn!(
+                key = %self.key,
+                %limits,
+                "the provider's limits changed (or a currency's came later); following them",
+            );
+        }
         *self.limiter.write().unwrap_or_else(PoisonError::into_inner) = Some(limiter);
         *learned = next;
         Ok(true)

@@ -280,6 +280,74 @@ async fn a_key_without_limits_takes_them_from_its_first_response_one_call_at_a_t
     );
 }
 
+/// Each currency is learned on its own: an answer with the request headers and not the token
+/// headers leaves the tokens unknown, and calls still go one at a time (450,350 tokens once
+/// passed at once after such an answer); when the token limit comes, a call larger than it is
+/// refused, and a changed limit is followed.
+#[tokio::test(start_paused = true)]
+async fn a_currency_whose_limit_is_unknown_holds_its_calls_one_at_a_time() {
+    let registry = Arc::new(Registry::new(MemoryStore::new()));
+    let gate = Gate::builder(Profile::openai())
+        .limits_from_headers(Duration::from_secs(60))
+        .registry(Arc::clone(&registry))
+        .build()
+        .unwrap();
+    let headers = |pairs: &[(&'static str, &'static str)]| {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(*name, value.parse().unwrap());
+        }
+        map
+    };
+    let big = chat(10, 45_000);
+    let mut first = admit(&gate, &big).await;
+    first.sending();
+    first
+        .respond(
+            StatusCode::OK,
+            &headers(&[
+                ("x-ratelimit-limit-requests", "500"),
+                ("x-ratelimit-remaining-requests", "499"),
+            ]),
+            None,
+        )
+        .await;
+    drop(first);
+    // Requests are known, tokens are not: the next call goes alone, and the one after it
+    // waits for its answer (or its first second out).
+    let mut second = admit(&gate, &big).await;
+    assert_eq!(second.cost().map(|c| c.requests), Some(1));
+    second.sending();
+    let third = {
+        let (gate, body) = (gate.clone(), big.clone());
+        tokio::spawn(async move { gate.admit(&parts(), body.to_string().as_bytes()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(
+        !third.is_finished(),
+        "a third call passed beside the second"
+    );
+    second
+        .respond(
+            StatusCode::OK,
+            &headers(&[
+                ("x-ratelimit-limit-requests", "500"),
+                ("x-ratelimit-remaining-requests", "498"),
+                ("x-ratelimit-limit-tokens", "30000"),
+                ("x-ratelimit-remaining-tokens", "29000"),
+            ]),
+            None,
+        )
+        .await;
+    drop(second);
+    // The token limit is known now: 45,000 tokens can never pass a window of 30,000.
+    let refused = third.await.unwrap();
+    assert!(
+        matches!(refused, Err(tollgate::Error::CostExceedsCapacity { .. })),
+        "{refused:?}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_gate_forgets_keys_no_call_holds() {
     let registry = Arc::new(Registry::new(MemoryStore::new()));

@@ -214,7 +214,10 @@ async fn usage_no_request_could_produce_is_clamped() {
     // An input of u64::MAX: a whole burst at most, and no debt beyond it.
     let usage = send().await.finish(report(u64::MAX, 0)).await.unwrap();
     assert_eq!(usage.tokens, Some(6_000));
-    assert_eq!(tokens_left(&registry, "openai:gpt-4o", "6000/d").await, -910);
+    assert_eq!(
+        tokens_left(&registry, "openai:gpt-4o", "6000/d").await,
+        -910
+    );
 }
 
 /// A body cut short (the client left, the upstream broke off) keeps what the call was charged,
