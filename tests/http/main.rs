@@ -8,6 +8,7 @@ mod closed_loop;
 mod gate;
 mod hostile;
 mod metering;
+mod queue;
 #[cfg(feature = "reqwest-middleware")]
 mod reqwest_middleware;
 #[cfg(feature = "tower")]

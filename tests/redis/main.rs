@@ -8,6 +8,8 @@ mod failover;
 mod faults;
 mod hardening;
 mod macro_on_redis;
+#[cfg(feature = "http")]
+mod queue;
 mod sentinel;
 mod store;
 mod support;
