@@ -1,8 +1,14 @@
-//! A stand-in for an LLM provider on 127.0.0.1: it enforces requests per period and tokens per
-//! period the way providers do (buckets that refill continuously; a call's tokens are its
-//! input, counted with tiktoken-rs's o200k_base, plus the `max_tokens` it reserves, charged on
-//! arrival, with the unused reservation given back when the answer is written), and answers
-//! 429 with `Retry-After` when a call would exceed any limit.
+//! A stand-in for an LLM provider on 127.0.0.1, as unfriendly as a real one: it enforces
+//! requests per period and tokens per period the way providers do (buckets that refill
+//! continuously; a call's tokens are its input, counted with tiktoken-rs's o200k_base and then
+//! off by up to ±3% the way a provider's own count is, the same for the same body, plus the
+//! `max_tokens` it reserves, charged on arrival, with the unused reservation given back when
+//! the answer is written), takes its time to answer (20 ms, and 1 ms an output token, unless
+//! told otherwise), writes at length when no `max_tokens` bounds it, counts a request it
+//! refuses against the request limit (as OpenAI does), and answers 429 with `retry-after`,
+//! `retry-after-ms` and a body naming the window that refused. It keeps connections alive and
+//! reads chunked bodies. [`Options::exact`] makes it friendly again (its count is tiktoken's,
+//! it answers at once) for tests that check levels to the token.
 //!
 //! It speaks OpenAI (`x-ratelimit-*` headers, `/v1/chat/completions` and `/v1/embeddings`,
 //! `prompt_tokens`/`completion_tokens`) or Anthropic (`anthropic-ratelimit-*` headers with
@@ -18,6 +24,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -47,10 +55,12 @@ impl Window {
 
     fn refill(&mut self, now: Instant) {
         let elapsed = now.saturating_duration_since(self.last).as_nanos();
-        self.level = (self.level + self.limit * elapsed).min(self.limit * self.period_ns);
-        let paid = self.level.min(self.debt);
-        self.level -= paid;
+        // The refill pays a debt first, then fills the window up to its capacity.
+        let mut refill = self.limit * elapsed;
+        let paid = refill.min(self.debt);
+        refill -= paid;
         self.debt -= paid;
+        self.level = (self.level + refill).min(self.limit * self.period_ns);
         self.last = now;
     }
 
@@ -60,7 +70,8 @@ impl Window {
         if self.level >= needed {
             return Duration::ZERO;
         }
-        let nanos = (needed - self.level).div_ceil(self.limit);
+        // A debt is paid from the refill before the window fills again.
+        let nanos = (needed + self.debt - self.level).div_ceil(self.limit);
         Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
     }
 
@@ -109,7 +120,19 @@ pub struct Options {
     /// is done.
     pub latency: Duration,
     pub per_output_token: Duration,
+    /// How far the stand-in's count of a call's input strays from tiktoken's, at most (0.03 is
+    /// ±3%): the same for the same body, chosen by `seed`.
+    pub error: f64,
+    pub seed: u64,
+    /// A refused call still spends its request (OpenAI and Gemini count unsuccessful requests).
+    pub refusals_count: bool,
+    /// The most a call that names no `max_tokens` writes: its model's limit.
+    pub model_limit: u64,
 }
+
+/// The latency of a stand-in that was not told otherwise.
+const LATENCY: Duration = Duration::from_millis(20);
+const PER_TOKEN: Duration = Duration::from_millis(1);
 
 impl Options {
     pub fn openai(requests: u64, tokens: u64, period: Duration) -> Options {
@@ -120,8 +143,12 @@ impl Options {
             output_tokens: None,
             period,
             permanent: false,
-            latency: Duration::ZERO,
-            per_output_token: Duration::ZERO,
+            latency: LATENCY,
+            per_output_token: PER_TOKEN,
+            error: 0.03,
+            seed: 1,
+            refusals_count: true,
+            model_limit: 4_096,
         }
     }
 
@@ -131,10 +158,27 @@ impl Options {
             requests,
             tokens: input,
             output_tokens: Some(output),
-            period,
-            permanent: false,
+            ..Options::openai(requests, input, period)
+        }
+    }
+
+    /// A friendly stand-in, for tests that check levels to the token: its count is tiktoken's
+    /// exactly, and it answers at once (unless `latency` says otherwise after this).
+    pub fn exact(self) -> Options {
+        Options {
+            error: 0.0,
             latency: Duration::ZERO,
             per_output_token: Duration::ZERO,
+            ..self
+        }
+    }
+
+    /// Its count strays up to `error` (a fraction) from tiktoken's, chosen by `seed`.
+    pub fn error(self, error: f64, seed: u64) -> Options {
+        Options {
+            error,
+            seed,
+            ..self
         }
     }
 
@@ -251,9 +295,34 @@ fn reserved(body: &Value) -> u64 {
     body["max_tokens"].as_u64().unwrap_or(0) * body["n"].as_u64().unwrap_or(1)
 }
 
-/// What the model "writes": a few tokens, never more than reserved.
-fn completion(prompt: u64, reserved: u64) -> u64 {
-    reserved.min(10 + prompt % 40)
+fn named_reservation(body: &Value) -> Option<u64> {
+    body.get("max_tokens")
+        .and_then(Value::as_u64)
+        .map(|_| reserved(body))
+}
+
+/// What the model "writes": a few tokens, never more than reserved; at length (up to the
+/// model's limit) when nothing bounds it.
+fn completion(prompt: u64, reserved: Option<u64>, options: &Options) -> u64 {
+    match reserved {
+        Some(reserved) => reserved.min(10 + prompt % 40),
+        None => options.model_limit.min(200 + prompt * 7 % 600),
+    }
+}
+
+/// The stand-in's count of `tokens` of input in `body`: off by up to `error` of it, the same
+/// for the same body (a hash of the seed and the body picks the error).
+fn strayed(tokens: u64, body: &Value, options: &Options) -> u64 {
+    if options.error == 0.0 || tokens == 0 {
+        return tokens;
+    }
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    options.seed.hash(&mut hasher);
+    body.to_string().hash(&mut hasher);
+    let unit = (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64;
+    let factor = 1.0 + options.error * (2.0 * unit - 1.0);
+    ((tokens as f64) * factor).round().max(1.0) as u64
 }
 
 struct State {
@@ -300,8 +369,18 @@ impl Provider {
                         continue;
                     };
                     let (state, stats) = (Arc::clone(&state), Arc::clone(&stats));
+                    // Connections are kept alive, and bodies read however they come (a length
+                    // or chunks), as a provider's server does.
+                    let service = hyper::service::service_fn(move |request| {
+                        let (state, stats) = (Arc::clone(&state), Arc::clone(&stats));
+                        async move {
+                            Ok::<_, std::convert::Infallible>(serve(request, state, stats).await)
+                        }
+                    });
                     tokio::spawn(async move {
-                        let _ = serve(stream, &state, &stats).await;
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                            .await;
                     });
                 }
             })
@@ -400,6 +479,14 @@ impl Window {
         Duration::from_nanos(missing.div_ceil(self.limit) as u64)
     }
 
+    /// Spends `tokens` whether or not they are there: what is missing is paid from the refill.
+    fn spend(&mut self, tokens: u64) {
+        let units = u128::from(tokens) * self.period_ns;
+        let taken = self.level.min(units);
+        self.level -= taken;
+        self.debt += units - taken;
+    }
+
     fn give(&mut self, tokens: u64) {
         self.level =
             (self.level + u128::from(tokens) * self.period_ns).min(self.limit * self.period_ns);
@@ -445,14 +532,68 @@ fn rate_headers(style: Style, windows: &Windows) -> String {
     out
 }
 
-async fn serve(mut stream: TcpStream, state: &State, stats: &Stats) -> std::io::Result<()> {
-    let (head, body) = read_message(&mut stream).await?;
-    let path = head.split(' ').nth(1).unwrap_or("/").to_owned();
+/// A response body written by a task: what the channel brings, in order.
+struct Channel(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl http_body::Body for Channel {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|bytes| bytes.map(|b| Ok(http_body::Frame::data(b))))
+    }
+}
+
+type Answer = hyper::Response<http_body_util::Either<Full<Bytes>, Channel>>;
+
+fn whole(status: u16, headers: &str, body: &Value) -> Answer {
+    let mut response = hyper::Response::builder()
+        .status(status)
+        .header("content-type", "application/json");
+    for line in headers.split("\r\n").filter(|l| !l.is_empty()) {
+        if let Some((name, value)) = line.split_once(':') {
+            response = response.header(name.trim(), value.trim());
+        }
+    }
+    response
+        .body(http_body_util::Either::Left(Full::new(Bytes::from(
+            body.to_string(),
+        ))))
+        .expect("a valid response")
+}
+
+/// The window that refused a call, and how long until it would pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Short {
+    Requests,
+    Tokens,
+    Output,
+}
+
+async fn serve(
+    request: hyper::Request<hyper::body::Incoming>,
+    state: Arc<State>,
+    stats: Arc<Stats>,
+) -> Answer {
+    let path = request.uri().path().to_owned();
+    let body = request
+        .into_body()
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let style = state.options.style;
-    let (input, reserved) = bill(&path, style, &body);
+    let options = &state.options;
+    let style = options.style;
+    let (exact, reserved) = bill(&path, style, &body);
+    let input = strayed(exact, &body, options);
     let model = body["model"].as_str().unwrap_or("model").to_owned();
-    if state.options.permanent {
+    if options.permanent {
         stats.permanent.fetch_add(1, Ordering::Relaxed);
         let reply = match style {
             Style::OpenAi => {
@@ -462,7 +603,7 @@ async fn serve(mut stream: TcpStream, state: &State, stats: &Stats) -> std::io::
                 json!({"type": "error", "error": {"type": "rate_limit_error", "message": "You have reached your specified API usage limits."}})
             }
         };
-        return respond(&mut stream, "429 Too Many Requests", "", &reply.to_string()).await;
+        return whole(429, "", &reply);
     }
     // Charged on arrival: the input, and the output reserved (OpenAI into the tokens,
     // Anthropic into its output window).
@@ -470,18 +611,29 @@ async fn serve(mut stream: TcpStream, state: &State, stats: &Stats) -> std::io::
         Style::OpenAi => (input + reserved, 0),
         Style::Anthropic => (input, reserved),
     };
-    let (wait, headers) = {
+    let (wait, short, headers) = {
         let mut windows = state.windows.lock().unwrap();
         let now = Instant::now();
         windows.requests.refill(now);
         windows.tokens.refill(now);
-        let mut wait = windows
-            .requests
-            .wait_for(1)
-            .max(windows.tokens.wait_for(token_cost));
+        let mut wait = Duration::ZERO;
+        let mut short = None;
+        for (kind, window_wait) in [
+            (Short::Requests, windows.requests.wait_for(1)),
+            (Short::Tokens, windows.tokens.wait_for(token_cost)),
+        ] {
+            if window_wait > wait {
+                wait = window_wait;
+                short = Some(kind);
+            }
+        }
         if let Some(output) = windows.output.as_mut() {
             output.refill(now);
-            wait = wait.max(output.wait_for(output_cost));
+            let window_wait = output.wait_for(output_cost);
+            if window_wait > wait {
+                wait = window_wait;
+                short = Some(Short::Output);
+            }
         }
         if wait.is_zero() {
             windows.requests.take(1);
@@ -489,101 +641,114 @@ async fn serve(mut stream: TcpStream, state: &State, stats: &Stats) -> std::io::
             if let Some(output) = windows.output.as_mut() {
                 output.take(output_cost);
             }
-        }
-        let headers = rate_headers(style, &windows);
-        (wait, headers)
-    };
-    let output = completion(input, reserved);
-    let answered = |state: &State| {
-        // The answer is done: the unused part of the reservation comes back.
-        let unused = reserved - output;
-        let mut windows = state.windows.lock().unwrap();
-        windows.requests.refill(Instant::now());
-        windows.tokens.refill(Instant::now());
-        match (style, windows.output.as_mut()) {
-            (Style::Anthropic, Some(window)) => {
-                window.refill(Instant::now());
-                window.give(unused)
+        } else if options.refusals_count {
+            // A refused request still counts against the request limit, and its pause says so.
+            windows.requests.spend(1);
+            let requests = windows.requests.wait_for(1);
+            if requests > wait {
+                wait = requests;
+                short = Some(Short::Requests);
             }
-            _ => windows.tokens.give(unused),
         }
+        (wait, short, rate_headers(style, &windows))
     };
+    let output = completion(input, named_reservation(&body), options);
     if !wait.is_zero() {
         stats.refused.fetch_add(1, Ordering::Relaxed);
-        // Whole seconds, rounded up, as providers send them.
+        // Whole seconds, rounded up, as providers send them; and the milliseconds.
         let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        let (kind, openai_words, anthropic_words, limit) = match short {
+            Some(Short::Requests) | None => (
+                "requests",
+                "requests per min (RPM)",
+                "requests",
+                options.requests,
+            ),
+            Some(Short::Tokens) => (
+                "tokens",
+                "tokens per min (TPM)",
+                "input tokens",
+                options.tokens,
+            ),
+            Some(Short::Output) => (
+                "tokens",
+                "output tokens per min",
+                "output tokens",
+                options.output_tokens.unwrap_or(0),
+            ),
+        };
         let reply = match style {
             Style::OpenAi => {
-                json!({"error": {"type": "tokens", "code": "rate_limit_exceeded", "message": "Rate limit reached"}})
+                json!({"error": {"type": kind, "code": "rate_limit_exceeded", "param": null,
+                "message": format!("Rate limit reached for {model} in organization org-standin on {openai_words}: Limit {limit}. Please try again in {:.3}s.", wait.as_secs_f64())}})
             }
-            Style::Anthropic => {
-                json!({"type": "error", "error": {"type": "rate_limit_error", "message": "Rate limit reached"}})
-            }
+            Style::Anthropic => json!({"type": "error", "error": {"type": "rate_limit_error",
+                "message": format!("This request would exceed the rate limit for your organization of {limit} {anthropic_words} per minute.")}}),
         };
-        let headers = format!("{headers}Retry-After: {seconds}\r\n");
-        return respond(
-            &mut stream,
-            "429 Too Many Requests",
-            &headers,
-            &reply.to_string(),
-        )
-        .await;
+        let headers = format!(
+            "{headers}retry-after: {seconds}\r\nretry-after-ms: {}\r\n",
+            wait.as_nanos().div_ceil(1_000_000).max(1)
+        );
+        return whole(429, &headers, &reply);
     }
     stats.ok.fetch_add(1, Ordering::Relaxed);
-    let writing = state.options.per_output_token * u32::try_from(output).unwrap_or(u32::MAX);
+    let writing = options.per_output_token * u32::try_from(output).unwrap_or(u32::MAX);
     stats.tokens.fetch_add(input + output, Ordering::Relaxed);
+    let answered = {
+        let state = Arc::clone(&state);
+        move || {
+            // The answer is done: the unused part of the reservation comes back; what was
+            // written past it (no `max_tokens` bounded it) is charged now.
+            let mut windows = state.windows.lock().unwrap();
+            let now = Instant::now();
+            windows.requests.refill(now);
+            windows.tokens.refill(now);
+            let window = match (style, windows.output.as_mut()) {
+                (Style::Anthropic, Some(window)) => {
+                    window.refill(now);
+                    window
+                }
+                _ => &mut windows.tokens,
+            };
+            if output <= reserved {
+                window.give(reserved - output);
+            } else {
+                window.spend(output - reserved);
+            }
+        }
+    };
     let streaming = body["stream"].as_bool() == Some(true);
     if streaming {
         let include_usage = body["stream_options"]["include_usage"].as_bool() == Some(true);
-        let events = match style {
-            Style::OpenAi => {
-                let chunk = |delta: Value, finish: Value| {
-                    json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0, "model": model,
-                           "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
-                };
-                let mut events = vec![
-                    chunk(json!({"role": "assistant", "content": ""}), Value::Null),
-                    chunk(json!({"content": "ok"}), Value::Null),
-                    chunk(json!({}), json!("stop")),
-                ];
-                if include_usage {
-                    events.push(json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0, "model": model, "choices": [],
-                        "usage": {"prompt_tokens": input, "completion_tokens": output, "total_tokens": input + output}}));
+        let events = stream_events(style, &model, input, output, include_usage);
+        let (send, receive) = tokio::sync::mpsc::channel(16);
+        let latency = options.latency;
+        tokio::spawn(async move {
+            let last = events.len().saturating_sub(1);
+            for (i, event) in events.into_iter().enumerate() {
+                if i == last {
+                    // The tokens are written before the stream's last events.
+                    tokio::time::sleep(writing).await;
+                    answered();
                 }
-                events
-                    .into_iter()
-                    .map(|e| format!("data: {e}\n\n"))
-                    .chain(["data: [DONE]\n\n".to_owned()])
-                    .collect::<Vec<_>>()
+                if send.send(Bytes::from(event)).await.is_err() {
+                    return;
+                }
             }
-            Style::Anthropic => [
-                ("message_start", json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant", "content": [], "model": model, "usage": {"input_tokens": input, "output_tokens": 1}}})),
-                ("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})),
-                ("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "ok"}})),
-                ("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
-                ("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": output}})),
-                ("message_stop", json!({"type": "message_stop"})),
-            ]
-            .into_iter()
-            .map(|(name, e)| format!("event: {name}\ndata: {e}\n\n"))
-            .collect(),
-        };
-        let head = format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n{headers}Connection: close\r\n\r\n"
-        );
-        tokio::time::sleep(state.options.latency).await;
-        stream.write_all(head.as_bytes()).await?;
-        let last = events.len().saturating_sub(1);
-        for (i, event) in events.into_iter().enumerate() {
-            if i == last {
-                // The tokens are written before the stream's last events.
-                tokio::time::sleep(writing).await;
-                answered(state);
+        });
+        // The head comes after the fixed part of the latency.
+        tokio::time::sleep(latency).await;
+        let mut response = hyper::Response::builder()
+            .status(200)
+            .header("content-type", "text/event-stream");
+        for line in headers.split("\r\n").filter(|l| !l.is_empty()) {
+            if let Some((name, value)) = line.split_once(':') {
+                response = response.header(name.trim(), value.trim());
             }
-            stream.write_all(event.as_bytes()).await?;
-            stream.flush().await?;
         }
-        return stream.shutdown().await;
+        return response
+            .body(http_body_util::Either::Right(Channel(receive)))
+            .expect("a valid response");
     }
     let reply = if path.ends_with("/embeddings") {
         let count = match &body["input"] {
@@ -603,23 +768,52 @@ async fn serve(mut stream: TcpStream, state: &State, stats: &Stats) -> std::io::
                "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
                "usage": {"prompt_tokens": input, "completion_tokens": output, "total_tokens": input + output}})
     };
-    tokio::time::sleep(state.options.latency + writing).await;
-    answered(state);
-    respond(&mut stream, "200 OK", &headers, &reply.to_string()).await
+    tokio::time::sleep(options.latency + writing).await;
+    answered();
+    whole(200, &headers, &reply)
 }
 
-async fn respond(
-    stream: &mut TcpStream,
-    status: &str,
-    headers: &str,
-    reply: &str,
-) -> std::io::Result<()> {
-    let response = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{headers}Connection: close\r\n\r\n{reply}",
-        reply.len()
-    );
-    stream.write_all(response.as_bytes()).await?;
-    stream.shutdown().await
+/// The events of a streamed answer.
+fn stream_events(
+    style: Style,
+    model: &str,
+    input: u64,
+    output: u64,
+    include_usage: bool,
+) -> Vec<String> {
+    match style {
+        Style::OpenAi => {
+            let chunk = |delta: Value, finish: Value| {
+                json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0, "model": model,
+                       "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+            };
+            let mut events = vec![
+                chunk(json!({"role": "assistant", "content": ""}), Value::Null),
+                chunk(json!({"content": "ok"}), Value::Null),
+                chunk(json!({}), json!("stop")),
+            ];
+            if include_usage {
+                events.push(json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0, "model": model, "choices": [],
+                    "usage": {"prompt_tokens": input, "completion_tokens": output, "total_tokens": input + output}}));
+            }
+            events
+                .into_iter()
+                .map(|e| format!("data: {e}\n\n"))
+                .chain(["data: [DONE]\n\n".to_owned()])
+                .collect()
+        }
+        Style::Anthropic => [
+            ("message_start", json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant", "content": [], "model": model, "usage": {"input_tokens": input, "output_tokens": 1}}})),
+            ("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})),
+            ("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "ok"}})),
+            ("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
+            ("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": output}})),
+            ("message_stop", json!({"type": "message_stop"})),
+        ]
+        .into_iter()
+        .map(|(name, e)| format!("event: {name}\ndata: {e}\n\n"))
+        .collect(),
+    }
 }
 
 /// Reads one HTTP message: its head and its body (by Content-Length).
@@ -785,17 +979,16 @@ impl tollgate::RateLimited for CallError {
     }
 }
 
-/// The provider's limits, with the burst trimmed by one request and 500 tokens: the provider
-/// counts a call when it arrives, a little after tollgate admitted it, and calls admitted in
-/// one order may arrive in another. The trimmed burst absorbs that; the refill rates are the
-/// provider's own.
+/// The provider's own limits, bursts included; each call settles with the usage the provider
+/// reports (its own count, which strays from tiktoken's by up to 3%, and the output written).
 #[tollgate::limit(
     key = "provider-stand-in",
-    requests = "120/10s burst 119",
-    tokens = "20000/10s burst 19500",
+    requests = "120/10s",
+    tokens = "20000/10s",
     estimator = "openai",
     tokens_from = [body],
     reserve_output,
+    settle = |response| response.body["usage"]["total_tokens"].as_u64(),
     retries = 3,
     timeout = "2m"
 )]
@@ -843,11 +1036,12 @@ pub async fn with_tollgate(addr: SocketAddr, bodies: &[Value]) -> Outcome {
 /// The tokens a chat body is billed on arrival (its prompt plus the output it reserves), what
 /// the stand-in's model writes for it, and so how long its answer takes under `options`.
 fn billing(body: &Value, options: &Options) -> (u64, u64, f64) {
-    let (input, reserved) = bill("/v1/chat/completions", options.style, body);
-    let output = completion(input, reserved);
+    let (exact, reserved) = bill("/v1/chat/completions", options.style, body);
+    let input = strayed(exact, body, options);
+    let output = completion(input, named_reservation(body), options);
     let took =
         options.latency.as_secs_f64() + options.per_output_token.as_secs_f64() * output as f64;
-    (input + reserved, reserved - output, took)
+    (input + reserved, reserved.saturating_sub(output), took)
 }
 
 /// The best schedule the stand-in allows for `bodies` sent in order by one client that knows

@@ -116,7 +116,11 @@ fn billed_prompt(request: &CreateChatCompletionRequest) -> u64 {
 
 #[tokio::test]
 async fn a_chat_completion_settles_with_its_usage() {
-    let s = Setup::new(Options::openai(1_000, 10_000, DAY), per_day(1_000, 10_000)).await;
+    let s = Setup::new(
+        Options::openai(1_000, 10_000, DAY).exact(),
+        per_day(1_000, 10_000),
+    )
+    .await;
     let request = chat_request(90, 200);
     let prompt = billed_prompt(&request);
     let answer = s.client().chat().create(request).await.unwrap();
@@ -129,7 +133,11 @@ async fn a_chat_completion_settles_with_its_usage() {
 
 #[tokio::test]
 async fn a_streamed_chat_completion_settles_from_its_last_chunk() {
-    let s = Setup::new(Options::openai(1_000, 10_000, DAY), per_day(1_000, 10_000)).await;
+    let s = Setup::new(
+        Options::openai(1_000, 10_000, DAY).exact(),
+        per_day(1_000, 10_000),
+    )
+    .await;
     let mut request = chat_request(60, 300);
     request.stream_options = Some(ChatCompletionStreamOptions {
         include_usage: Some(true),
@@ -154,7 +162,11 @@ async fn a_streamed_chat_completion_settles_from_its_last_chunk() {
 
 #[tokio::test]
 async fn an_embeddings_batch_settles_with_its_usage() {
-    let s = Setup::new(Options::openai(1_000, 10_000, DAY), per_day(1_000, 10_000)).await;
+    let s = Setup::new(
+        Options::openai(1_000, 10_000, DAY).exact(),
+        per_day(1_000, 10_000),
+    )
+    .await;
     let inputs = vec![
         "The quick brown fox jumps over the lazy dog.".to_owned(),
         "Rate limits keep agents polite.".to_owned(),

@@ -92,7 +92,7 @@ fn stream_body(words: usize) -> Vec<u8> {
 /// A stream without usage settles from what it generated: content, tool-call arguments and
 /// reasoning, each counted as the provider's tokenizer counts it; names, ids, roles and
 /// reasons are not.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_stream_without_usage_settles_from_everything_it_generated() {
     let registry = Arc::new(Registry::new(MemoryStore::new()));
     let gate = gate(&registry, SLOW);
@@ -143,7 +143,7 @@ async fn a_stream_without_usage_settles_from_everything_it_generated() {
 
 /// The chunk a gate asked for (`stream_options.include_usage`) is taken out, however the
 /// stream is cut into pieces, and the call settles from it; the other events pass unchanged.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_usage_chunk_the_gate_asked_for_is_taken_out_wherever_the_stream_is_cut() {
     let head = event(&delta(json!({"role": "assistant", "content": "Hi"})));
     let usage = "data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":345,\"total_tokens\":357}}\r\n\r\n";
@@ -183,7 +183,7 @@ async fn the_usage_chunk_the_gate_asked_for_is_taken_out_wherever_the_stream_is_
 /// Usage no request could have produced (more than a window's burst) is cut to the burst: the
 /// key pays at most that. More output than `max_tokens` asked for is possible (a provider that
 /// ignores it) and is billed.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn usage_no_request_could_produce_is_clamped() {
     let registry = Arc::new(Registry::new(MemoryStore::new()));
     let gate = gate(&registry, "6000/d");
@@ -224,7 +224,7 @@ async fn usage_no_request_could_produce_is_clamped() {
 /// unless it had generated more, which is then charged: never less than was generated. (A call
 /// without `max_tokens` can generate past its reservation when its model writes more than the
 /// table says.)
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_body_cut_short_keeps_its_reservation_or_what_was_generated_if_more() {
     for (max_tokens, words_generated) in [(Some(500u64), 20usize), (None, 20_000)] {
         let registry = Arc::new(Registry::new(MemoryStore::new()));
@@ -277,7 +277,7 @@ async fn a_body_cut_short_keeps_its_reservation_or_what_was_generated_if_more() 
 /// A call that names no `max_tokens` reserves its model's most output (gpt-4o: 16,384),
 /// within what the key's windows hold beside its input; one that names it reserves that;
 /// embeddings reserve nothing.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_call_without_max_tokens_reserves_its_models_most_output() {
     let registry = Arc::new(Registry::new(MemoryStore::new()));
     let gate = gate(&registry, SLOW);
@@ -318,7 +318,7 @@ async fn a_call_without_max_tokens_reserves_its_models_most_output() {
 
 /// A compressed body is estimated decoded (as the plain body is) and sent decoded, without
 /// its `content-encoding`, so that the upstream reads what was metered.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_compressed_body_is_estimated_and_sent_decoded() {
     let registry = Arc::new(Registry::new(MemoryStore::new()));
     let gate = gate(&registry, SLOW);
@@ -344,7 +344,7 @@ async fn a_compressed_body_is_estimated_and_sent_decoded() {
 
 /// Other windows attached to a request (a tenant's) come back when no call of it is
 /// delivered (a 429 handed on), and stay charged when one is.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn other_windows_come_back_when_no_call_is_delivered() {
     let registry = Arc::new(Registry::new(MemoryStore::new()));
     let gate = Gate::builder(Profile::openai())

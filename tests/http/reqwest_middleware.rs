@@ -110,7 +110,7 @@ fn anthropic_limits() -> Limits {
 async fn messages_settle_input_and_output_apart_streamed_or_not() {
     for stream in [false, true] {
         let s = Setup::new(
-            Options::anthropic(1_000, 10_000, 4_000, DAY),
+            Options::anthropic(1_000, 10_000, 4_000, DAY).exact(),
             anthropic_limits(),
         )
         .await;

@@ -104,7 +104,7 @@ impl Setup {
 async fn a_plain_answer_settles_the_call_with_its_usage() {
     let limits = per_day(1_000, 10_000);
     let s = setup(
-        Options::openai(1_000, 10_000, DAY),
+        Options::openai(1_000, 10_000, DAY).exact(),
         Profile::openai(),
         &limits,
     )
@@ -126,7 +126,7 @@ async fn a_plain_answer_settles_the_call_with_its_usage() {
 async fn a_streamed_answer_settles_from_its_last_chunk() {
     let limits = per_day(1_000, 10_000);
     let s = setup(
-        Options::openai(1_000, 10_000, DAY),
+        Options::openai(1_000, 10_000, DAY).exact(),
         Profile::openai(),
         &limits,
     )
@@ -149,7 +149,7 @@ async fn a_streamed_answer_settles_from_its_last_chunk() {
 async fn a_neighbours_spending_lowers_the_windows_and_a_larger_remaining_never_raises_them() {
     let limits = per_day(1_000, 10_000);
     let s = setup(
-        Options::openai(1_000, 10_000, DAY),
+        Options::openai(1_000, 10_000, DAY).exact(),
         Profile::openai(),
         &limits,
     )
@@ -170,7 +170,7 @@ async fn a_neighbours_spending_lowers_the_windows_and_a_larger_remaining_never_r
     // Configured below the provider: its larger remaining leaves the windows alone.
     let small = per_day(1_000, 5_000);
     let s = setup(
-        Options::openai(1_000, 10_000, DAY),
+        Options::openai(1_000, 10_000, DAY).exact(),
         Profile::openai(),
         &small,
     )
@@ -237,7 +237,7 @@ async fn anthropic_output_is_its_own_currency_and_settles_from_the_stream() {
     let limits =
         per_day(1_000, 10_000).with_output_tokens(tollgate::Rate::new(4_000, DAY).unwrap());
     let s = setup(
-        Options::anthropic(1_000, 10_000, 4_000, DAY),
+        Options::anthropic(1_000, 10_000, 4_000, DAY).exact(),
         Profile::anthropic(),
         &limits,
     )
