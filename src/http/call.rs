@@ -442,6 +442,8 @@ impl Call {
         let gate = &self.gate.inner;
         let limits = limiter.limits();
         let model = gate.sync && gate.foreign;
+        // A call never marked as sent counts as sent now.
+        let sent = self.sent.unwrap_or_else(Instant::now);
         let mut args = SyncArgs {
             flight: self.permit.as_ref().and_then(Permit::flight).unwrap_or(0),
             charged: self.cost().unwrap_or_default(),
@@ -487,17 +489,17 @@ impl Call {
         }
         if model {
             args.foreign = self.state.foreign.due();
-            args.returnable = self.state.foreign.returnable();
+            args.returnable = self.state.foreign.returnable(sent);
         }
         let nothing = args.remaining.iter().all(Option::is_none) && args.foreign == [0; 3];
         if nothing && !(refused && args.flight > 0) {
-            self.state.foreign.restore(args.returnable);
+            self.state.foreign.restore(sent, args.returnable);
             return Ok(());
         }
         let synced = match limiter.sync(args).await {
             Ok(synced) => synced,
             Err(err) => {
-                self.state.foreign.restore(args.returnable);
+                self.state.foreign.restore(sent, args.returnable);
                 return Err(err);
             }
         };
@@ -507,9 +509,13 @@ impl Call {
         for currency in Currency::ALL {
             let i = index(currency);
             let compared = synced.spent[i].is_some();
-            self.state
-                .foreign
-                .settled(currency, args.returnable[i], synced.returned[i], compared);
+            self.state.foreign.settled(
+                currency,
+                sent,
+                args.returnable[i],
+                synced.returned[i],
+                compared,
+            );
             let Some(spent) = synced.spent[i] else {
                 continue;
             };

@@ -49,6 +49,11 @@ const MOST_SHARE: f64 = 0.75;
 /// While spending elsewhere is seen, syncs leave the windows this fraction of their capacity
 /// (1/25: 4%) below the provider's count.
 const MARGIN: u64 = 25;
+/// What a key keeps back of its windows (a quarter) when its first answer is slow in coming and
+/// calls go without it: others may be spending from the quota meanwhile, for as long as that
+/// answer takes. Kept back, not lost: the window refills under it, and the first syncs give
+/// back whatever of it was not spent elsewhere.
+const BLIND: u64 = 4;
 /// How long after a sync last found spending elsewhere the margin is kept.
 const SEEN_FOR: Duration = Duration::from_secs(5);
 /// Without a sync for this long, the estimate halves every such span: a key whose calls
@@ -71,8 +76,10 @@ struct Model {
     /// Fractions of a token charged for but not yet taken.
     owed: [f64; 3],
     /// What the model charged that no sync has confirmed yet: what a sync that finds the
-    /// windows too low may give back.
-    unconfirmed: [u64; 3],
+    /// windows too low may give back. Each charge with when it was made: a count the provider
+    /// took before a charge can't tell whether what it stood for was spent, so only the charges
+    /// made before a call went out may come back at its sync.
+    unconfirmed: VecDeque<(Instant, [u64; 3])>,
     /// When a sync last found spending elsewhere that had not been corrected.
     elsewhere: [Option<Instant>; 3],
     /// Charged through this time (a little ahead of now).
@@ -88,6 +95,24 @@ pub(super) struct Foreign {
     model: Mutex<Model>,
 }
 
+impl Model {
+    /// Books `amounts` charged at `at` as not yet confirmed.
+    fn unconfirm(&mut self, at: Instant, amounts: [u64; 3]) {
+        match self.unconfirmed.back_mut() {
+            Some((last, kept)) if *last == at => {
+                for (kept, amount) in kept.iter_mut().zip(amounts) {
+                    *kept = kept.saturating_add(amount);
+                }
+            }
+            _ => self.unconfirmed.push_back((at, amounts)),
+        }
+        // Bounded: the oldest charges are confirmed by now in all but name.
+        while self.unconfirmed.len() > 4_096 {
+            self.unconfirmed.pop_front();
+        }
+    }
+}
+
 impl Foreign {
     fn model(&self) -> std::sync::MutexGuard<'_, Model> {
         self.model.lock().unwrap_or_else(PoisonError::into_inner)
@@ -101,18 +126,20 @@ impl Foreign {
         let from = model.charged_at.unwrap_or(through);
         let elapsed = through.saturating_duration_since(from).as_secs_f64();
         model.charged_at = Some(from.max(through));
-        std::array::from_fn(|i| {
+        let due: [u64; 3] = std::array::from_fn(|i| {
             model.owed[i] += model.rate[i] * elapsed;
             let whole = model.owed[i].floor();
             if whole >= 1.0 {
                 model.owed[i] -= whole;
-                let whole = whole as u64;
-                model.unconfirmed[i] = model.unconfirmed[i].saturating_add(whole);
-                whole
+                whole as u64
             } else {
                 0
             }
-        })
+        });
+        if due != [0; 3] {
+            model.unconfirm(Instant::now(), due);
+        }
+        due
     }
 
     /// Charges what the model says was spent elsewhere since the last charge (as corrected,
@@ -129,29 +156,46 @@ impl Foreign {
         limiter.sync(args).await.map(|_| ())
     }
 
-    /// What of the model's charges a sync may give back: taken off the books until
-    /// [`settled`](Foreign::settled) says what the sync did with it.
-    pub(super) fn returnable(&self) -> [u64; 3] {
-        std::mem::take(&mut self.model().unconfirmed)
+    /// What of the model's charges a sync of a call sent at `sent` may give back: those made
+    /// before it went out, taken off the books until [`settled`](Foreign::settled) says what
+    /// the sync did with them.
+    pub(super) fn returnable(&self, sent: Instant) -> [u64; 3] {
+        let mut model = self.model();
+        let mut offered = [0u64; 3];
+        while let Some((at, amounts)) = model.unconfirmed.front().copied()
+            && at <= sent
+        {
+            model.unconfirmed.pop_front();
+            for (total, amount) in offered.iter_mut().zip(amounts) {
+                *total = total.saturating_add(amount);
+            }
+        }
+        offered
     }
 
-    /// The sync did not happen: what was offered may still come back later.
-    pub(super) fn restore(&self, offered: [u64; 3]) {
-        let mut model = self.model();
-        for (kept, offered) in model.unconfirmed.iter_mut().zip(offered) {
-            *kept = kept.saturating_add(offered);
+    /// The sync did not happen: what was offered (charges made by `sent`) may still come back
+    /// later.
+    pub(super) fn restore(&self, sent: Instant, offered: [u64; 3]) {
+        if offered != [0; 3] {
+            self.model().unconfirmed.push_front((sent, offered));
         }
     }
 
     /// A sync of `currency` answered: `offered` of the model's charges could have come back and
     /// `returned` did. Where the sync compared a count (`compared`), the rest is confirmed;
     /// otherwise it may still come back at a later sync.
-    pub(super) fn settled(&self, currency: Currency, offered: u64, returned: u64, compared: bool) {
-        if !compared {
-            let mut model = self.model();
-            let i = index(currency);
-            model.unconfirmed[i] =
-                model.unconfirmed[i].saturating_add(offered - returned.min(offered));
+    pub(super) fn settled(
+        &self,
+        currency: Currency,
+        sent: Instant,
+        offered: u64,
+        returned: u64,
+        compared: bool,
+    ) {
+        if !compared && offered > returned {
+            let mut amounts = [0u64; 3];
+            amounts[index(currency)] = offered - returned;
+            self.model().unconfirmed.push_front((sent, amounts));
         }
     }
 
@@ -238,11 +282,10 @@ impl Foreign {
             model.blind = true;
             for currency in Currency::ALL {
                 if let Some(capacity) = limiter.limits().of(currency).capacity() {
-                    let i = index(currency);
-                    due[i] = capacity / MARGIN;
-                    model.unconfirmed[i] = model.unconfirmed[i].saturating_add(due[i]);
+                    due[index(currency)] = capacity / BLIND;
                 }
             }
+            model.unconfirm(Instant::now(), due);
         }
         let args = crate::store::SyncArgs {
             foreign: due,

@@ -77,6 +77,7 @@ fn rebuild(
 }
 
 /// The request to send for `call`: the caller's, or with the body the gate rewrote.
+#[cfg_attr(not(feature = "reqwest-middleware"), allow(dead_code))]
 pub(crate) fn rewritten(call: &Call, mut request: reqwest::Request) -> reqwest::Request {
     if let Some(body) = call.body() {
         call.rewrite_headers(request.headers_mut());

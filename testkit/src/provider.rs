@@ -85,8 +85,12 @@ impl Window {
 pub struct Stats {
     pub ok: AtomicU64,
     pub refused: AtomicU64,
+    /// Of the refusals, those for want of requests (the rest were for tokens).
+    pub refused_requests: AtomicU64,
     pub permanent: AtomicU64,
     pub tokens: AtomicU64,
+    /// When each refusal came, from the stand-in's start, and how short the tokens were.
+    pub refusals: Mutex<Vec<(Duration, i64)>>,
 }
 
 /// Whose headers, bodies and usage the stand-in speaks.
@@ -326,6 +330,7 @@ fn strayed(tokens: u64, body: &Value, options: &Options) -> u64 {
 }
 
 struct State {
+    started: Instant,
     options: Options,
     windows: Mutex<Windows>,
 }
@@ -350,6 +355,7 @@ impl Provider {
         let addr = listener.local_addr().unwrap();
         let now = Instant::now();
         let state = Arc::new(State {
+            started: now,
             windows: Mutex::new(Windows {
                 requests: Window::new(options.requests, options.period, now),
                 tokens: Window::new(options.tokens, options.period, now),
@@ -611,7 +617,7 @@ async fn serve(
         Style::OpenAi => (input + reserved, 0),
         Style::Anthropic => (input, reserved),
     };
-    let (wait, short, headers) = {
+    let (wait, short, short_by, headers) = {
         let mut windows = state.windows.lock().unwrap();
         let now = Instant::now();
         windows.requests.refill(now);
@@ -650,11 +656,21 @@ async fn serve(
                 short = Some(Short::Requests);
             }
         }
-        (wait, short, rate_headers(style, &windows))
+        let short_by = i64::try_from(token_cost).unwrap_or(0)
+            - i64::try_from(windows.tokens.whole()).unwrap_or(0);
+        (wait, short, short_by, rate_headers(style, &windows))
     };
     let output = completion(input, named_reservation(&body), options);
     if !wait.is_zero() {
         stats.refused.fetch_add(1, Ordering::Relaxed);
+        if short == Some(Short::Requests) {
+            stats.refused_requests.fetch_add(1, Ordering::Relaxed);
+        }
+        stats
+            .refusals
+            .lock()
+            .unwrap()
+            .push((state.started.elapsed(), short_by));
         // Whole seconds, rounded up, as providers send them; and the milliseconds.
         let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
         let (kind, openai_words, anthropic_words, limit) = match short {
