@@ -56,6 +56,9 @@ pub(crate) struct Connection {
     in_flight: AtomicUsize,
     /// Told to close (to make room for another).
     close: Notify,
+    /// Milliseconds since the listener started when a write first could not proceed, since the
+    /// last one that did (`u64::MAX`: writes proceed).
+    blocked: AtomicU64,
     epoch: Instant,
 }
 
@@ -65,6 +68,7 @@ impl Connection {
             last: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
             close: Notify::new(),
+            blocked: AtomicU64::new(u64::MAX),
             epoch,
         };
         connection.touch();
@@ -164,7 +168,10 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.stream).poll_write(cx, buf);
+        this.wrote(&polled);
+        polled
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -180,11 +187,50 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
+        this.wrote(&polled);
+        polled
     }
 
     fn is_write_vectored(&self) -> bool {
         self.stream.is_write_vectored()
+    }
+}
+
+impl Watched {
+    /// A write that can't proceed starts the clock of a client that doesn't read; one that
+    /// does stops it.
+    fn wrote(&self, polled: &Poll<std::io::Result<usize>>) {
+        let connection = &self.connection;
+        match polled {
+            Poll::Pending => {
+                let now = connection.now_ms();
+                let _ = connection.blocked.compare_exchange(
+                    u64::MAX,
+                    now,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                );
+            }
+            Poll::Ready(_) => connection.blocked.store(u64::MAX, Ordering::Release),
+        }
+    }
+}
+
+/// Waits until the connection's writes have been stuck for `timeout` (a client that stopped
+/// reading).
+async fn stuck(connection: &Connection, timeout: std::time::Duration) {
+    let limit = u64::try_from(timeout.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    let period = (timeout / 4).max(std::time::Duration::from_millis(10));
+    loop {
+        tokio::time::sleep(period).await;
+        let since = connection.blocked.load(Ordering::Acquire);
+        if since != u64::MAX && connection.now_ms().saturating_sub(since) >= limit {
+            return;
+        }
     }
 }
 
@@ -358,12 +404,15 @@ impl Proxy {
                 .into_owned();
             let served = graceful.watch(served);
             let (connections, shared) = (Arc::clone(&connections), Arc::clone(&self.shared));
-            let idle_timeout = bounds.idle_timeout;
+            let (idle_timeout, write_timeout) = (bounds.idle_timeout, bounds.write_timeout);
             tokio::spawn(async move {
                 tokio::select! {
                     _ = served => {}
                     () = idle(&connection, idle_timeout) => {
                         shared.proxy_metrics.idle_closed.increment(1);
+                    }
+                    () = stuck(&connection, write_timeout) => {
+                        shared.proxy_metrics.unread_closed.increment(1);
                     }
                     () = connection.close.notified() => {}
                 }

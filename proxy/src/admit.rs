@@ -51,9 +51,9 @@ fn units(bytes: usize) -> u32 {
     u32::try_from(bytes.div_ceil(BUFFER_UNIT)).unwrap_or(u32::MAX)
 }
 
-/// Reads a request's body: at most `max_body` bytes, counted against the memory for bodies
-/// (the permit comes back when the request is done), by its deadline and at the minimum rate,
-/// and given up when the proxy starts draining.
+/// Reads a request's body: at most `max_body` bytes, counted against the memory for bodies as
+/// they arrive (the permit comes back when the request is done), by its deadline and at the
+/// minimum rate, and given up when the proxy starts draining.
 pub(crate) async fn read_body(
     shared: &Shared,
     headers: &HeaderMap,
@@ -78,10 +78,9 @@ pub(crate) async fn read_body(
         }
         Ok(())
     };
-    if let Some(declared) = declared {
-        hold(declared, &mut held)?;
-    }
-    let mut data = BytesMut::with_capacity(declared.unwrap_or(0).min(shared.max_body));
+    // Counted as the bytes arrive, not as declared: a client that declares 32 MiB and trickles
+    // holds only what it sent (and the minimum rate keeps that small).
+    let mut data = BytesMut::with_capacity(declared.unwrap_or(0).min(64 << 10));
     let deadline = started + bounds.body_timeout;
     let drain = shared.drain_started.notified();
     let mut drain = std::pin::pin!(drain);

@@ -66,6 +66,10 @@ pub struct Bounds {
     /// The slowest a body may come, after its first 5 s (default 1,024 bytes a second): a
     /// body that falls behind is answered 408.
     pub body_min_rate: u64,
+    /// The longest a client may leave an answer unread (default 60 s): its connection, or an
+    /// HTTP/2 stream whose window stays shut, is cut, and the upstream call with it (it stays
+    /// charged).
+    pub write_timeout: Duration,
 }
 
 impl Default for Bounds {
@@ -77,6 +81,7 @@ impl Default for Bounds {
             idle_timeout: Duration::from_secs(60),
             body_timeout: Duration::from_secs(60),
             body_min_rate: 1_024,
+            write_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -290,6 +295,7 @@ struct File {
     idle_timeout_seconds: Option<f64>,
     body_timeout_seconds: Option<f64>,
     body_min_bytes_per_second: Option<u64>,
+    write_timeout_seconds: Option<f64>,
     tenants: Option<TenantsFile>,
     #[serde(default, rename = "upstream")]
     upstreams: Vec<UpstreamFile>,
@@ -486,6 +492,12 @@ impl Config {
             body_min_rate: file
                 .body_min_bytes_per_second
                 .unwrap_or(defaults.body_min_rate),
+            write_timeout: timeout(
+                file.write_timeout_seconds,
+                defaults.write_timeout,
+                "write_timeout_seconds",
+                &mut problems,
+            ),
         };
         let tenants = match file.tenants {
             None => Tenants::none(),

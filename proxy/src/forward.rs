@@ -14,7 +14,7 @@ use tollgate::http::{Attempts, Next, Settlement};
 
 use crate::admit::refusal;
 use crate::answer::{Kind, answer};
-use crate::relay::{Gapped, Relay};
+use crate::relay::{Gapped, Relay, Unread};
 use crate::state::{Shared, Upstreamed};
 use crate::tenant::{KEY_HEADERS, Tenant};
 
@@ -126,6 +126,7 @@ pub(crate) async fn unmetered(
     upstream: &Upstreamed,
     parts: http::request::Parts,
     body: Bytes,
+    unread: &Unread,
 ) -> Response<Relay> {
     let request = Request::from_parts(parts, Full::new(body));
     let deadline = Instant::now() + upstream.config.timeout;
@@ -138,6 +139,7 @@ pub(crate) async fn unmetered(
                 incoming,
                 upstream.config.chunk_timeout,
                 upstream.metrics.stalled.clone(),
+                unread.clone(),
             );
             relayed(head, body)
         }
@@ -298,7 +300,11 @@ pub(crate) async fn metered(
                     head.headers.remove(header::CONTENT_LENGTH);
                 }
                 let cut_short = upstream.metrics.cut_short.clone();
-                return relayed(head, Relay::metered(metered, stream, cut_short));
+                let unread = Unread {
+                    timeout: shared.bounds.write_timeout,
+                    counter: shared.proxy_metrics.unread_closed.clone(),
+                };
+                return relayed(head, Relay::metered(metered, stream, cut_short, unread));
             }
             Next::Retry(delay) => {
                 upstream.metrics.upstream_429s_transient.increment(1);

@@ -68,6 +68,8 @@ pub(crate) struct ProxyMetrics {
     /// Connections closed to make room for a new one, or refused for want of room.
     pub(crate) crowded_closed: Counter,
     pub(crate) crowded_refused: Counter,
+    /// Connections closed, or answers cut, because the client stopped reading.
+    pub(crate) unread_closed: Counter,
 }
 
 impl ProxyMetrics {
@@ -79,6 +81,7 @@ impl ProxyMetrics {
             idle_closed: metrics::counter!("tollgate_proxy_connections_closed_total", "reason" => "idle"),
             crowded_closed: metrics::counter!("tollgate_proxy_connections_closed_total", "reason" => "crowded"),
             crowded_refused: metrics::counter!("tollgate_proxy_connections_closed_total", "reason" => "refused"),
+            unread_closed: metrics::counter!("tollgate_proxy_connections_closed_total", "reason" => "unread"),
         }
     }
 

@@ -245,7 +245,13 @@ async fn serve(
         );
     };
     let response = match route.kind {
-        route::Kind::Free | route::Kind::Passed => unmetered(&upstream, parts, body).await,
+        route::Kind::Free | route::Kind::Passed => {
+            let unread = crate::relay::Unread {
+                timeout: shared.bounds.write_timeout,
+                counter: shared.proxy_metrics.unread_closed.clone(),
+            };
+            unmetered(&upstream, parts, body, &unread).await
+        }
         route::Kind::Metered => {
             // The usage can only be read from bytes as they were written.
             parts.headers.remove(header::ACCEPT_ENCODING);

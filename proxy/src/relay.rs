@@ -28,9 +28,9 @@ pub struct Relay {
 
 enum Inner {
     Full(Option<Bytes>),
-    Plain(Gapped<Incoming>),
+    Plain(Watched<Gapped<Incoming>>),
     Metered {
-        body: Box<Metered<Gapped<Incoming>>>,
+        body: Watched<Box<Metered<Gapped<Incoming>>>>,
         /// A server-sent stream (for counting streams a client left).
         stream: bool,
         /// Streams the client left before their end.
@@ -48,10 +48,11 @@ impl Relay {
         }
     }
 
-    /// The upstream's body, handed on unmetered.
-    pub(crate) fn plain(body: Incoming, gap: Duration, stalled: Counter) -> Relay {
+    /// The upstream's body, handed on unmetered; cut when the client stops reading it for
+    /// `unread` (see [`Watched`]).
+    pub(crate) fn plain(body: Incoming, gap: Duration, stalled: Counter, unread: Unread) -> Relay {
         Relay {
-            inner: Inner::Plain(Gapped::new(body, gap, stalled)),
+            inner: Inner::Plain(Watched::new(Gapped::new(body, gap, stalled), unread)),
             held: None,
         }
     }
@@ -61,10 +62,11 @@ impl Relay {
         body: Box<Metered<Gapped<Incoming>>>,
         stream: bool,
         left: Counter,
+        unread: Unread,
     ) -> Relay {
         Relay {
             inner: Inner::Metered {
-                body,
+                body: Watched::new(body, unread),
                 stream,
                 left,
                 ended: false,
@@ -93,7 +95,7 @@ impl Body for Relay {
             Inner::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
             Inner::Plain(body) => Pin::new(body).poll_frame(cx),
             Inner::Metered { body, ended, .. } => {
-                let polled = Pin::new(&mut **body).poll_frame(cx);
+                let polled = Pin::new(body).poll_frame(cx);
                 if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
                     *ended = true;
                 }
@@ -131,7 +133,7 @@ impl Drop for Relay {
             left,
             ended: false,
         } = &self.inner
-            && body.is_settling()
+            && body.settling()
         {
             left.increment(1);
         }
@@ -208,5 +210,150 @@ where
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+/// How long a client may leave an answer unread, and what counts it.
+#[derive(Clone)]
+pub(crate) struct Unread {
+    pub(crate) timeout: Duration,
+    pub(crate) counter: Counter,
+}
+
+/// The shared state of a [`Watched`] body: the body (taken when the client stalls), and when
+/// the client last took a frame while none was waiting on the upstream.
+struct Watch<B> {
+    body: std::sync::Mutex<Option<B>>,
+    /// Milliseconds from `epoch` when a frame was handed out; `u64::MAX` while the body waits
+    /// on the upstream (a quiet upstream is the chunk timeout's business).
+    handed: std::sync::atomic::AtomicU64,
+    epoch: Instant,
+}
+
+/// A body the client must keep reading: if a frame handed out is not followed by another poll
+/// within `timeout` (a client that stopped reading, an HTTP/2 stream whose window stays shut),
+/// the upstream's body is dropped (which cancels the call there and frees its connection) and
+/// the client's body ends with an error. The call keeps its charge (a body cut short).
+pub(crate) struct Watched<B> {
+    watch: std::sync::Arc<Watch<B>>,
+}
+
+/// The client stopped reading.
+#[derive(Debug)]
+pub(crate) struct Unreadable(Duration);
+
+impl std::fmt::Display for Unreadable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the client read nothing for {:?}; the answer was cut",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for Unreadable {}
+
+impl<B: Send + 'static> Watched<B> {
+    fn new(body: B, unread: Unread) -> Watched<B> {
+        let watch = std::sync::Arc::new(Watch {
+            body: std::sync::Mutex::new(Some(body)),
+            handed: std::sync::atomic::AtomicU64::new(0),
+            epoch: Instant::now(),
+        });
+        let weak = std::sync::Arc::downgrade(&watch);
+        let Unread { timeout, counter } = unread;
+        tokio::spawn(async move {
+            let period = (timeout / 4).max(Duration::from_millis(10));
+            loop {
+                tokio::time::sleep(period).await;
+                let Some(watch) = weak.upgrade() else {
+                    return;
+                };
+                let handed = watch.handed.load(std::sync::atomic::Ordering::Acquire);
+                let now = u64::try_from(watch.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+                let limit = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+                if handed != u64::MAX && now.saturating_sub(handed) >= limit {
+                    let body = watch
+                        .body
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .take();
+                    if body.is_some() {
+                        counter.increment(1);
+                        tracing::warn!(
+                            ?timeout,
+                            "a client stopped reading an answer; the upstream call is cut"
+                        );
+                    }
+                    drop(body);
+                    return;
+                }
+            }
+        });
+        Watched { watch }
+    }
+}
+
+impl<B> Watched<Box<Metered<B>>> {
+    /// The metered body's call is not settled yet.
+    fn settling(&self) -> bool {
+        self.watch
+            .body
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|body| body.is_settling())
+    }
+}
+
+impl<B> Body for Watched<B>
+where
+    B: Body<Data = Bytes, Error = BoxError> + Unpin,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let watch = &self.watch;
+        let mut body = watch
+            .body
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(inner) = body.as_mut() else {
+            return Poll::Ready(Some(Err(Box::new(Unreadable(Duration::ZERO)))));
+        };
+        let polled = Pin::new(inner).poll_frame(cx);
+        let stamp = match &polled {
+            Poll::Pending => u64::MAX,
+            Poll::Ready(_) => {
+                u64::try_from(watch.epoch.elapsed().as_millis()).unwrap_or(u64::MAX - 1)
+            }
+        };
+        watch
+            .handed
+            .store(stamp, std::sync::atomic::Ordering::Release);
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.watch
+            .body
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .is_none_or(Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.watch
+            .body
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .map_or_else(SizeHint::default, Body::size_hint)
     }
 }

@@ -36,6 +36,8 @@ pub struct Call {
     /// What the gate estimated: input tokens, and the most output the call may write.
     input: u64,
     most_output: u64,
+    /// Whether the request named its output limit.
+    explicit: bool,
     model: Option<String>,
     /// The body to send in place of the caller's, when the gate changed it.
     send: Option<Bytes>,
@@ -172,6 +174,7 @@ impl Call {
             sent: None,
             input: estimated.input,
             most_output: estimated.output,
+            explicit: estimated.explicit,
             model: estimated.model.clone(),
             send: estimated.send.clone(),
             usage_added: estimated.usage_added,
@@ -571,17 +574,20 @@ impl Call {
     /// already took off the windows (never more than it took). Answers the usage settled.
     ///
     /// A response that reported no output count is settled with the output counted from the
-    /// text it generated ([`Reported::generated`]), and its input estimate. Usage no request
-    /// could have produced (more than a whole window's burst: the provider would have refused
-    /// such a call) is cut to that bound, with a warning and `tollgate_usage_clamped_total`.
+    /// text it generated ([`Reported::generated`]) if that is more than its reservation (else
+    /// the reservation stands), and its input estimate. Usage no request could have produced
+    /// (more output than its largest output limit allowed; more input than twice its body and
+    /// 8,192 tokens of context, or a whole window) is cut to that bound, with a warning and
+    /// `tollgate_usage_clamped_total`.
     pub async fn finish(mut self, reported: Reported) -> Result<Usage, Error> {
         self.sent.get_or_insert_with(Instant::now);
         let mut reported = reported;
-        if reported.output.is_none()
-            && reported.total.is_none()
-            && let Some(generated) = reported.generated
-        {
-            reported.output = Some(generated);
+        if reported.output.is_none() && reported.total.is_none() {
+            // No output count: the reservation stands, or what was generated if more. An
+            // answer without usage is never read as "nothing was written" (a queued background
+            // response, hidden reasoning, audio: output nobody saw here).
+            let generated = reported.generated.unwrap_or(0);
+            reported.output = Some(generated.max(self.reserved_charged()));
             reported.input = reported.input.or(Some(self.input));
         }
         let extras = std::mem::take(&mut self.extras);
@@ -655,15 +661,23 @@ impl Call {
                 .map(|r| r.burst())
                 .max()
         };
-        // No call can be billed more than a whole window holds: the provider would have
-        // refused it. (More output than `max_tokens` asked for is possible from a provider that
-        // ignores it, and is billed: only the impossible is cut.)
-        let input_most = largest(Currency::Tokens).unwrap_or(u64::MAX);
-        let output_most = match profile.output {
+        // Usage no request could have produced is a lie. Input: more than twice what the body
+        // holds and 8,192 tokens of context besides, or a whole window, whichever is more.
+        // Output: more than the request allowed (its largest output limit, times its copies),
+        // or, when it named none, its model's most or a whole window, whichever is more.
+        let input_most = largest(Currency::Tokens)
+            .unwrap_or(0)
+            .max(self.input.saturating_mul(2).saturating_add(8_192));
+        let window_output = match profile.output {
             super::OutputTo::OutputTokens => largest(Currency::OutputTokens),
             _ => largest(Currency::Tokens),
         }
-        .unwrap_or(u64::MAX);
+        .unwrap_or(0);
+        let output_most = if self.explicit {
+            self.most_output
+        } else {
+            self.most_output.max(window_output)
+        };
         let mut cut = *reported;
         let mut clamped = false;
         let mut bound = |slot: &mut Option<u64>, most: u64| {

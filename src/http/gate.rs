@@ -416,9 +416,21 @@ impl Gate {
             .and_then(Value::as_str)
             .map(str::to_owned);
         let generative = generative(path);
-        let explicit = MAX_TOKENS
+        // What the request says it may write: the largest of its output limits (an upstream
+        // may read any of them), times the copies it asks for. A limit of 0, or one that is not
+        // a number, bounds nothing (vLLM and SGLang read 0 as "no limit").
+        let named = MAX_TOKENS
             .iter()
-            .any(|name| read.value.get(*name).and_then(Value::as_u64).is_some());
+            .filter_map(|name| read.value.get(*name).and_then(count_of))
+            .filter(|n| *n > 0)
+            .max();
+        let copies = ["n", "best_of"]
+            .iter()
+            .filter_map(|name| read.value.get(*name).and_then(count_of))
+            .max()
+            .unwrap_or(1)
+            .clamp(1, MOST_COPIES);
+        let explicit = named.is_some();
         let (input, reserved) = if read.unreadable {
             (request::bound_of(read.len), 0)
         } else if read.value.is_null() {
@@ -433,14 +445,15 @@ impl Gate {
                 })?;
             (estimate.input_tokens, estimate.reserved_output)
         };
-        let most_output = if explicit {
-            reserved
-        } else if generative && self.inner.profile.output != OutputTo::Nowhere {
-            self.inner
+        let _ = reserved;
+        let most_output = match named {
+            Some(named) => named.saturating_mul(copies),
+            None if generative && self.inner.profile.output != OutputTo::Nowhere => self
+                .inner
                 .profile
                 .output_without_max_tokens(model.as_deref())
-        } else {
-            0
+                .saturating_mul(copies),
+            None => 0,
         };
         let asks_usage = read
             .value
@@ -611,6 +624,30 @@ impl Gate {
 
 /// The fields that name the output a request may write.
 const MAX_TOKENS: [&str; 3] = ["max_tokens", "max_completion_tokens", "max_output_tokens"];
+
+/// The most copies (`n`, `best_of`) a request is taken to ask for.
+const MOST_COPIES: u64 = 128;
+
+/// A count as servers read it: a whole number, a float (truncated), or a numeric string.
+fn count_of(value: &Value) -> Option<u64> {
+    match value {
+        Value::Number(n) => n.as_u64().or_else(|| {
+            n.as_f64()
+                .filter(|f| f.is_finite() && *f >= 0.0)
+                .map(|f| f.min(u64::MAX as f64) as u64)
+        }),
+        Value::String(text) => {
+            let text = text.trim();
+            text.parse::<u64>().ok().or_else(|| {
+                text.parse::<f64>()
+                    .ok()
+                    .filter(|f| f.is_finite() && *f >= 0.0)
+                    .map(|f| f.min(u64::MAX as f64) as u64)
+            })
+        }
+        _ => None,
+    }
+}
 
 /// Whether a path's calls write output (embeddings, reranking, moderation and token counts
 /// don't).

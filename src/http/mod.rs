@@ -18,8 +18,9 @@
 //!    function of the request's head and body) and the cost: 1 request, the input tokens of
 //!    every field the provider bills (messages, `system`, `instructions`, `input`, `prompt`,
 //!    `suffix`, a prediction, tools, images; an unknown field counts too), and the output it
-//!    reserves where the [`Profile`] charges it: `max_tokens` × `n`, or, when the request names
-//!    none, its model's most output ([`models`]) as far as the windows hold beside its input.
+//!    reserves where the [`Profile`] charges it: the largest of its output limits (an upstream
+//!    may read any of them) times the copies `n` or `best_of` ask for, or, when it names none
+//!    (or 0), its model's most output ([`models`]) as far as the windows hold beside its input.
 //!    A stream that did not ask for its usage is asked for it (`stream_options.include_usage`,
 //!    [`Profile::stream_usage`]): [`Call::body`] is the body to send. Then it waits for the
 //!    toll. The admission is remembered in the store as a call *in flight*, with what the key's
@@ -45,11 +46,12 @@
 //!    reported: an overestimate is refunded, a shortfall charged. A shortfall the provider had
 //!    already counted when a sync or a 429 took it off is drawn from that correction, never
 //!    charged twice, and only up to what the correction held. An answer that reports no output
-//!    count settles with the output counted from the text it generated (content, tool-call
-//!    arguments, reasoning, refusals, transcripts). Usage no request could have produced (more
-//!    than a window's burst) is cut to that bound. A body cut
-//!    short (the caller left, the upstream broke off) keeps its charge, or what was generated if
-//!    more: never less than was generated.
+//!    count keeps its reservation, or is charged the output counted from the text it generated
+//!    (content, tool-call arguments, reasoning, refusals, transcripts) if that is more: it is
+//!    never read as "nothing was written". Usage no request could have produced (output past
+//!    its largest limit; input past twice its body and 8,192 tokens, or a window) is cut to
+//!    that bound. A body cut short (the caller left, the upstream broke off) keeps its charge,
+//!    or what was generated if more: never less than was generated.
 //!
 //! [`Attempts`] is the step every adapter drives: read the request once, admit each attempt
 //! under one deadline, and after each answer deliver it metered, retry after the provider's

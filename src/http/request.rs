@@ -320,8 +320,25 @@ pub(crate) fn with_stream_usage(read: &Read, original: &[u8]) -> Option<Bytes> {
             out.push_str(&text[field.value.end..]);
             Some(Bytes::from(out))
         }
-        // `stream_options` that is not an object: the upstream refuses the request anyway.
-        Some(_) => None,
+        // `stream_options` that is not an object (`null`, which OpenAI's schema allows): the
+        // whole value becomes one that asks for the usage.
+        Some(_) => {
+            let owned;
+            let (text, fields): (&str, &[json::Field]) = match (&read.text, &read.fields) {
+                (Some(text), Some(fields)) => (text, fields),
+                _ => {
+                    let text = std::str::from_utf8(original).ok()?;
+                    owned = json::parse(text).ok()?;
+                    (text, &owned.fields)
+                }
+            };
+            let field = fields.iter().rev().find(|f| f.key == "stream_options")?;
+            let mut out = String::with_capacity(text.len() + 24);
+            out.push_str(&text[..field.value.start]);
+            out.push_str(r#"{"include_usage":true}"#);
+            out.push_str(&text[field.value.end..]);
+            Some(Bytes::from(out))
+        }
     }
 }
 
@@ -478,6 +495,10 @@ mod tests {
             "{\"stream\":true,\"t\":NaN,\"stream_options\":{\"include_usage\":true}}"
         );
         assert_eq!(add("[1]"), None);
-        assert_eq!(add(r#"{"stream_options":5}"#), None);
+        // `null` (and any other value that is not an object) asks for the usage too.
+        assert_eq!(
+            add(r#"{"stream":true,"stream_options":null}"#),
+            Some(json!({"stream": true, "stream_options": {"include_usage": true}}))
+        );
     }
 }

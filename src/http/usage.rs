@@ -49,9 +49,11 @@ impl Reported {
         *self == Reported::default()
     }
 
-    /// Takes the fields of a `usage` object; a later report of a field replaces an earlier one
-    /// (Anthropic's `message_delta` carries the final `output_tokens`).
-    fn merge(&mut self, usage: &Value) {
+    /// Takes the fields of a `usage` object. A field reported twice keeps the larger count
+    /// (Anthropic's `message_delta` carries the final, cumulative `output_tokens`; an answer
+    /// that reports a count and then a smaller one is read at the larger). `with_output`:
+    /// false for Anthropic's `message_start`, whose `output_tokens` is a placeholder.
+    fn merge(&mut self, usage: &Value, with_output: bool) {
         let field = |name: &str| usage.get(name).and_then(Value::as_u64);
         let pairs = [
             (
@@ -60,15 +62,19 @@ impl Reported {
             ),
             (
                 &mut self.output,
-                field("completion_tokens").or(field("output_tokens")),
+                if with_output {
+                    field("completion_tokens").or(field("output_tokens"))
+                } else {
+                    None
+                },
             ),
             (&mut self.cache_write, field("cache_creation_input_tokens")),
             (&mut self.cache_read, field("cache_read_input_tokens")),
             (&mut self.total, field("total_tokens")),
         ];
         for (slot, value) in pairs {
-            if value.is_some() {
-                *slot = value;
+            if let Some(value) = value {
+                *slot = Some(slot.map_or(value, |kept| kept.max(value)));
             }
         }
     }
@@ -85,7 +91,9 @@ impl Reported {
         .flatten()
         {
             if usage.is_object() {
-                self.merge(usage);
+                let placeholder =
+                    value.get("type").and_then(Value::as_str) == Some("message_start");
+                self.merge(usage, !placeholder);
             }
         }
     }
@@ -155,6 +163,9 @@ pub struct UsageScanner {
     generated_text: String,
     generated_tokens: u64,
     generated_seen: bool,
+    /// Bytes of lines or events too long to read, and bytes fed in all.
+    skipped: u64,
+    fed: u64,
 }
 
 /// Generated text is counted in pieces of about this many bytes (a piece boundary can split a
@@ -277,6 +288,8 @@ impl UsageScanner {
             generated_text: String::new(),
             generated_tokens: 0,
             generated_seen: false,
+            skipped: 0,
+            fed: 0,
         }
     }
 
@@ -324,6 +337,7 @@ impl UsageScanner {
 
     /// Reads the next piece of the body.
     pub fn feed(&mut self, bytes: &[u8]) {
+        self.fed = self.fed.saturating_add(bytes.len() as u64);
         if self.stream {
             self.feed_events(bytes);
         } else {
@@ -365,6 +379,7 @@ impl UsageScanner {
             self.after_cr = bytes[end] == b'\r';
             if self.overflowed {
                 self.overflowed = false;
+                self.skipped = self.skipped.saturating_add(end as u64);
             } else {
                 self.kept.extend_from_slice(&bytes[..end]);
                 let line = std::mem::take(&mut self.kept);
@@ -373,13 +388,25 @@ impl UsageScanner {
             bytes = &bytes[end + 1..];
         }
         if self.overflowed {
+            self.skipped = self.skipped.saturating_add(bytes.len() as u64);
             return;
         }
         self.kept.extend_from_slice(bytes);
         if self.kept.len() > LONGEST_LINE {
+            self.skipped = self.skipped.saturating_add(self.kept.len() as u64);
             self.kept = Vec::new();
             self.overflowed = true;
         }
+    }
+
+    /// Lines or events too long to hold were skipped: what they carried is counted at the most
+    /// it could be, a token a byte.
+    fn count_skipped(&mut self) {
+        if self.estimator.is_some() {
+            self.generated_seen = true;
+            self.generated_tokens = self.generated_tokens.saturating_add(self.skipped);
+        }
+        self.skipped = 0;
     }
 
     fn event_line(&mut self, line: &[u8]) {
@@ -392,6 +419,7 @@ impl UsageScanner {
         };
         let data = data.strip_prefix(b" ").unwrap_or(data);
         if self.data_overflowed {
+            self.skipped = self.skipped.saturating_add(data.len() as u64);
             return;
         }
         if !self.data.is_empty() {
@@ -399,6 +427,7 @@ impl UsageScanner {
         }
         self.data.extend_from_slice(data);
         if self.data.len() > LONGEST_LINE {
+            self.skipped = self.skipped.saturating_add(self.data.len() as u64);
             self.data = Vec::new();
             self.data_overflowed = true;
         }
@@ -416,7 +445,17 @@ impl UsageScanner {
             self.done = true;
             return;
         }
-        if let Ok(value) = serde_json::from_slice::<Value>(data) {
+        if self.skipped > 0 {
+            self.count_skipped();
+        }
+        // An event a Python client reads (NaN, a lone surrogate) is read too.
+        let value = serde_json::from_slice::<Value>(data).ok().or_else(|| {
+            std::str::from_utf8(data)
+                .ok()
+                .and_then(|text| super::json::parse(text).ok())
+                .map(|parsed| parsed.value)
+        });
+        if let Some(value) = value {
             self.reported.take(&value);
             self.take_generated(&value);
             match value.get("type").and_then(Value::as_str) {
@@ -462,9 +501,16 @@ impl UsageScanner {
                 self.reported.take(&value);
                 self.take_generated(&value);
             }
-        } else if let Some(usage) = last_usage_object(&self.kept) {
-            // Only the tail is kept: the last `"usage": {...}` member in it.
-            self.reported.merge(&usage);
+        } else {
+            // Only the tail is kept: the last `"usage": {...}` member in it. Without one, what
+            // the body generated is counted at the most it could be, a token a byte.
+            match last_usage_object(&self.kept) {
+                Some(usage) => self.reported.merge(&usage, true),
+                None => self.skipped = self.skipped.saturating_add(self.fed),
+            }
+        }
+        if self.skipped > 0 {
+            self.count_skipped();
         }
         self.reported.generated = self.generated_total();
         self.reported
@@ -617,6 +663,55 @@ event: message_delta\r\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_to
         assert!(scanner.kept.len() <= LONGEST_LINE);
         scanner.feed(b"\ndata: {\"usage\":{\"total_tokens\":3}}\n");
         assert_eq!(scanner.finish().total, Some(3));
+    }
+
+    fn counting(stream: bool, pieces: &[&[u8]]) -> Reported {
+        let estimator = tollgate_estimators::estimator("words").unwrap();
+        let mut scanner = UsageScanner::counting(stream, estimator);
+        for piece in pieces {
+            scanner.feed(piece);
+        }
+        scanner.finish()
+    }
+
+    #[test]
+    fn what_a_python_client_reads_is_read_and_what_cant_be_read_counts_a_token_a_byte() {
+        // An event with NaN: Python's SDK reads it, and so is its text counted.
+        let nan = counting(
+            true,
+            &[b"data: {\"choices\":[{\"delta\":{\"content\":\"one two three\"}}],\"x\":NaN}\n\n"],
+        );
+        assert_eq!(nan.generated, Some(3));
+        // An event too long to hold: its bytes, at a token a byte.
+        let huge = vec![b'x'; LONGEST_LINE + 10];
+        let skipped = counting(true, &[b"data: ", &huge, b"\n\n"]);
+        assert!(
+            skipped.generated.unwrap() >= LONGEST_LINE as u64,
+            "{skipped:?}"
+        );
+        // A plain body past what is held, without usage: a token a byte.
+        let chunk = vec![b'w'; 1 << 20];
+        let mut pieces: Vec<&[u8]> = vec![b"{\"choices\":[{\"message\":{\"content\":\""];
+        for _ in 0..9 {
+            pieces.push(&chunk);
+        }
+        pieces.push(b"\"}}]}");
+        let long = counting(false, &pieces);
+        assert!(long.generated.unwrap() >= 9 << 20, "{long:?}");
+    }
+
+    #[test]
+    fn a_count_reported_twice_keeps_the_larger_and_anthropics_placeholder_is_not_final() {
+        let twice = scan(
+            true,
+            &[b"data: {\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":1000}}\n\ndata: {\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":1}}\n\n"],
+        );
+        assert_eq!(twice.output, Some(1000));
+        let start_only = scan(
+            true,
+            &[b"data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":9,\"output_tokens\":1}}}\n\n"],
+        );
+        assert_eq!((start_only.input, start_only.output), (Some(9), None));
     }
 
     #[test]

@@ -67,6 +67,8 @@ pub struct HostileUpstream {
     pub addr: SocketAddr,
     /// Every request read, in order.
     pub received: Arc<Mutex<Vec<Received>>>,
+    /// Answers whose writing failed: the other side hung up before the script's end.
+    pub broken: Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -84,15 +86,18 @@ impl HostileUpstream {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
         let addr = listener.local_addr().expect("an address");
         let received = Arc::new(Mutex::new(Vec::new()));
+        let broken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let script: Arc<Script> = Arc::new(script);
         let task = {
             let received = Arc::clone(&received);
+            let broken = Arc::clone(&broken);
             tokio::spawn(async move {
                 loop {
                     let Ok((mut stream, _)) = listener.accept().await else {
                         continue;
                     };
                     let (received, script) = (Arc::clone(&received), Arc::clone(&script));
+                    let broken = Arc::clone(&broken);
                     tokio::spawn(async move {
                         let Ok(request) = read_request(&mut stream).await else {
                             return;
@@ -106,6 +111,7 @@ impl HostileUpstream {
                             match step {
                                 Step::Write(bytes) => {
                                     if stream.write_all(&bytes).await.is_err() {
+                                        broken.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                                         return;
                                     }
                                     let _ = stream.flush().await;
@@ -133,6 +139,7 @@ impl HostileUpstream {
         HostileUpstream {
             addr,
             received,
+            broken,
             task,
         }
     }

@@ -78,7 +78,7 @@ fn header() -> impl Strategy<Value = Header> {
 
 fn event() -> impl Strategy<Value = Event> {
     prop_oneof![
-        4 => (0usize..60, 0u64..40).prop_map(|(words, reserve)| Event::Call { words, reserve }),
+        4 => (0usize..60, 1u64..40).prop_map(|(words, reserve)| Event::Call { words, reserve }),
         4 => (
             0usize..8,
             prop_oneof![

@@ -70,7 +70,7 @@ async fn a_header_that_lowers_nothing_never_lets_a_shortfall_go_uncharged() {
     let mut admitted = 0;
     for _ in 0..100 {
         let Ok(mut call) = gate
-            .admit(&parts(), chat(5, 0).to_string().as_bytes())
+            .admit(&parts(), chat(5, 1).to_string().as_bytes())
             .await
         else {
             break;
@@ -95,7 +95,7 @@ async fn a_late_answer_takes_off_what_was_spent_elsewhere_and_keeps_the_refill_s
     let registry = Arc::new(Registry::new(MemoryStore::new()));
     let limits = "|6000/m";
     let gate = gate_on(&registry, limits, false);
-    let (a, b) = (chat(300, 0), chat(200, 0));
+    let (a, b) = (chat(300, 1), chat(200, 1));
     let mut call_a = send(&gate, &a).await;
     let cost_a = call_a.cost().unwrap().tokens;
     // What the provider said on a's arrival: full, less the neighbour's 1,000 and a.
@@ -113,7 +113,7 @@ async fn a_late_answer_takes_off_what_was_spent_elsewhere_and_keeps_the_refill_s
         i128::from(6_000 - cost_a - cost_b + 300 - 1_000)
     );
     // A count no lower than what was already corrected takes off nothing more.
-    let mut call_c = send(&gate, &chat(10, 0)).await;
+    let mut call_c = send(&gate, &chat(10, 1)).await;
     let cost_c = call_c.cost().unwrap().tokens;
     let before = tokens_left(&registry, limits).await;
     call_c
@@ -143,10 +143,10 @@ async fn a_fleet_shares_its_calls_in_flight_and_its_corrections() {
         gate_on(&first, limits, false),
         gate_on(&second, limits, false),
     );
-    let mut call_1 = send(&gate_1, &chat(300, 0)).await;
+    let mut call_1 = send(&gate_1, &chat(300, 1)).await;
     let cost_1 = call_1.cost().unwrap().tokens;
     tokio::time::advance(Duration::from_millis(400)).await;
-    let mut call_2 = send(&gate_2, &chat(250, 0)).await;
+    let mut call_2 = send(&gate_2, &chat(250, 1)).await;
     let cost_2 = call_2.cost().unwrap().tokens;
     tokio::time::advance(Duration::from_millis(600)).await;
     // Process 1's answer: the neighbour had spent 800 when call 1 arrived.
@@ -188,7 +188,7 @@ async fn with_an_honest_provider_and_no_neighbour_the_windows_do_not_drift() {
     let mut out: Vec<(Call, u64, u64, tokio::time::Instant)> = Vec::new();
     let mut worst = 0i128;
     for i in 0..400u64 {
-        let body = chat(50 + (i * 37 % 400) as usize, 0);
+        let body = chat(50 + (i * 37 % 400) as usize, 1);
         let mut call = gate
             .admit(&parts(), body.to_string().as_bytes())
             .await
@@ -290,10 +290,10 @@ async fn the_gates_deadline_is_a_builder_setting() {
         .build()
         .unwrap();
     assert_eq!(gate.timeout(), Some(Duration::from_millis(500)));
-    let _first = send(&gate, &chat(1, 0)).await;
+    let _first = send(&gate, &chat(1, 1)).await;
     let start = tokio::time::Instant::now();
     let second = gate
-        .admit(&parts(), chat(1, 0).to_string().as_bytes())
+        .admit(&parts(), chat(1, 1).to_string().as_bytes())
         .await;
     assert!(matches!(second, Err(Error::Timeout { .. })), "{second:?}");
     assert_eq!(start.elapsed(), Duration::from_millis(500));

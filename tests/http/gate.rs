@@ -159,10 +159,10 @@ async fn after_a_429_calls_in_flight_charge_no_shortfall_on_the_emptied_windows(
     let registry = Arc::new(Registry::new(MemoryStore::new()));
     let gate = gate(&registry);
     let (call_a, call_b) = (
-        admit(&gate, &chat(100, 0)).await,
-        admit(&gate, &chat(100, 0)).await,
+        admit(&gate, &chat(100, 1)).await,
+        admit(&gate, &chat(100, 1)).await,
     );
-    let mut refused = admit(&gate, &chat(100, 0)).await;
+    let mut refused = admit(&gate, &chat(100, 1)).await;
     let mut headers = HeaderMap::new();
     headers.insert("retry-after", "2".parse().unwrap());
     let body = br#"{"error":{"code":"rate_limit_exceeded","type":"tokens"}}"#;
@@ -187,7 +187,7 @@ async fn after_a_429_calls_in_flight_charge_no_shortfall_on_the_emptied_windows(
 async fn permanent_429s_are_told_apart_from_rate_limits() {
     let registry = Arc::new(Registry::new(MemoryStore::new()));
     let gate = gate(&registry);
-    let mut call = admit(&gate, &chat(5, 0)).await;
+    let mut call = admit(&gate, &chat(5, 1)).await;
     let quota = br#"{"error":{"code":"insufficient_quota","type":"insufficient_quota"}}"#;
     let verdict = call
         .respond(
@@ -357,7 +357,7 @@ async fn a_gate_forgets_keys_no_call_holds() {
         .key(|head, _| head.uri.path().to_owned())
         .build()
         .unwrap();
-    let held = admit(&gate, &chat(1, 0)).await;
+    let held = admit(&gate, &chat(1, 1)).await;
     for tenant in 0..10_000 {
         let head = http::Request::post(format!("http://provider.invalid/tenant/{tenant}"))
             .body(())
@@ -374,7 +374,7 @@ async fn a_gate_forgets_keys_no_call_holds() {
     );
     // The key a call holds is kept.
     assert_eq!(held.key(), "/v1/chat/completions");
-    let again = admit(&gate, &chat(1, 0)).await;
+    let again = admit(&gate, &chat(1, 1)).await;
     assert_eq!(again.cost().unwrap().requests, 1);
 }
 

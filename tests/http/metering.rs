@@ -89,14 +89,25 @@ fn stream_body(words: usize) -> Vec<u8> {
     .into_bytes()
 }
 
-/// A stream without usage settles from what it generated: content, tool-call arguments and
-/// reasoning, each counted as the provider's tokenizer counts it; names, ids, roles and
-/// reasons are not.
+/// A stream without usage settles from what it generated when that is more than its
+/// reservation: content, tool-call arguments and reasoning, each counted as the provider's
+/// tokenizer counts it; names, ids, roles and reasons are not. (With less, the reservation
+/// stands: an answer without usage is never read as "little was written".)
 #[tokio::test(start_paused = true)]
 async fn a_stream_without_usage_settles_from_everything_it_generated() {
     let registry = Arc::new(Registry::new(MemoryStore::new()));
-    let gate = gate(&registry, SLOW);
-    let mut attempts = Attempts::new(&gate, &parts(), &stream_body(3)).unwrap();
+    // A model the profile doesn't know, with no `max_tokens`: it reserves the profile's
+    // default, 16 here, and writes more than that.
+    let gate = Gate::builder(Profile::openai().default_output(16))
+        .limits(Limits::parse("1000/d", SLOW).unwrap())
+        .registry(Arc::clone(&registry))
+        .first_answer_wait(None)
+        .build()
+        .unwrap();
+    let body = json!({"model": "my-model", "stream": true,
+        "messages": [{"role": "user", "content": "word word word"}]});
+    let mut attempts = Attempts::new(&gate, &parts(), body.to_string().as_bytes()).unwrap();
+    assert_eq!(attempts.estimated().most_output(), 16);
     let input = attempts.estimated().input_tokens();
     let mut call = attempts.admit().await.unwrap();
     call.sending();
@@ -137,7 +148,8 @@ async fn a_stream_without_usage_settles_from_everything_it_generated() {
     let generated = bpe
         .encode_ordinary(&format!("{reasoning}{arguments}{content}"))
         .len() as i128;
-    let left = tokens_left(&registry, "openai:gpt-4o", SLOW).await;
+    let left = tokens_left(&registry, "openai:my-model", SLOW).await;
+    assert!(generated > 16);
     assert_eq!(10_000_000 - left, i128::from(input) + generated);
 }
 
@@ -180,9 +192,9 @@ async fn the_usage_chunk_the_gate_asked_for_is_taken_out_wherever_the_stream_is_
     }
 }
 
-/// Usage no request could have produced (more than a window's burst) is cut to the burst: the
-/// key pays at most that. More output than `max_tokens` asked for is possible (a provider that
-/// ignores it) and is billed.
+/// Usage no request could have produced is cut to what it could: output to the largest output
+/// limit the request named (any of which its upstream may read), input to twice its body and
+/// 8,192 tokens of context, or a whole window.
 #[tokio::test(start_paused = true)]
 async fn usage_no_request_could_produce_is_clamped() {
     let registry = Arc::new(Registry::new(MemoryStore::new()));
@@ -204,19 +216,23 @@ async fn usage_no_request_could_produce_is_clamped() {
             false,
         )
     };
-    // 10 in and 900 out, where the request allowed 50 out: billed as reported.
+    // 10 in and 900 out, where the request allowed 50 out: settled as 60.
     let usage = send().await.finish(report(10, 900)).await.unwrap();
-    assert_eq!(usage.tokens, Some(910));
+    assert_eq!(usage.tokens, Some(60));
     assert_eq!(
         tokens_left(&registry, "openai:gpt-4o", "6000/d").await,
-        6_000 - 910
+        6_000 - 60
     );
-    // An input of u64::MAX: a whole burst at most, and no debt beyond it.
-    let usage = send().await.finish(report(u64::MAX, 0)).await.unwrap();
-    assert_eq!(usage.tokens, Some(6_000));
+    // An input of u64::MAX: twice the body's estimate (8 tokens) and 8,192 of context, here
+    // more than the window's 6,000.
+    let call = send().await;
+    let estimate = call.input_tokens();
+    assert_eq!(estimate, 8);
+    let usage = call.finish(report(u64::MAX, 0)).await.unwrap();
+    assert_eq!(usage.tokens, Some(2 * 8 + 8_192));
     assert_eq!(
         tokens_left(&registry, "openai:gpt-4o", "6000/d").await,
-        -910
+        6_000 - 60 - (2 * 8 + 8_192)
     );
 }
 
@@ -389,4 +405,127 @@ async fn other_windows_come_back_when_no_call_is_delivered() {
         .whole();
     // The 429's request came back; the delivered call's stays.
     assert_eq!(requests, 9);
+}
+
+/// The output a request may write is read as its upstream may read it: the largest of its
+/// output limits (vLLM and SGLang read `max_completion_tokens or max_tokens`), a limit of 0 or
+/// one that is not a number as no limit (the model's most), counts written as strings, and the
+/// copies `n` or `best_of` ask for.
+#[tokio::test(start_paused = true)]
+async fn the_output_a_request_may_write_is_read_as_its_upstream_reads_it() {
+    let registry = Arc::new(Registry::new(MemoryStore::new()));
+    let gate = gate(&registry, SLOW);
+    let most = |extra: Value| {
+        let mut body = json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]});
+        for (key, value) in extra.as_object().unwrap() {
+            body[key] = value.clone();
+        }
+        gate.read(&parts(), body.to_string().as_bytes())
+            .unwrap()
+            .most_output()
+    };
+    assert_eq!(
+        most(json!({"max_tokens": 1, "max_completion_tokens": 1500})),
+        1_500
+    );
+    assert_eq!(most(json!({"max_tokens": 0})), 16_384);
+    assert_eq!(most(json!({"max_tokens": null})), 16_384);
+    assert_eq!(most(json!({"max_tokens": "100"})), 100);
+    assert_eq!(most(json!({"max_tokens": 100, "n": "20"})), 2_000);
+    assert_eq!(most(json!({"max_tokens": 100, "n": 2, "best_of": 5})), 500);
+    assert_eq!(most(json!({"max_tokens": 100.7})), 100);
+    assert_eq!(most(json!({"max_tokens": 100, "n": 1_000_000})), 12_800);
+}
+
+/// An answer without usage is never read as "nothing was written": a queued background
+/// response (no output yet, no usage), or an Anthropic stream that ends without its final
+/// `message_delta` (its `message_start` carries a placeholder of 1), keeps its reservation.
+#[tokio::test(start_paused = true)]
+async fn an_answer_without_usage_keeps_its_reservation() {
+    // The responses API, in the background.
+    let registry = Arc::new(Registry::new(MemoryStore::new()));
+    let gate = gate(&registry, SLOW);
+    let (parts, ()) = http::Request::post("http://p.invalid/v1/responses")
+        .body(())
+        .unwrap()
+        .into_parts();
+    let body =
+        json!({"model": "gpt-4o", "background": true, "max_output_tokens": 1000, "input": "hi"});
+    let mut attempts = Attempts::new(&gate, &parts, body.to_string().as_bytes()).unwrap();
+    let input = attempts.estimated().input_tokens();
+    let mut call = attempts.admit().await.unwrap();
+    call.sending();
+    let queued = json!({"object": "response", "status": "queued", "output": [], "usage": null});
+    let Next::Deliver(body) = attempts
+        .answered(
+            call,
+            StatusCode::OK,
+            &HeaderMap::new(),
+            Pieces {
+                bytes: Bytes::from(queued.to_string()),
+                every: 1 << 20,
+            },
+        )
+        .await
+        .unwrap()
+    else {
+        panic!("not delivered");
+    };
+    read_all(*body).await;
+    let left = tokens_left(&registry, "openai:gpt-4o", SLOW).await;
+    assert_eq!(10_000_000 - left, i128::from(input) + 1_000);
+
+    // Anthropic, a stream that ends without the usage of its end.
+    let registry = Arc::new(Registry::new(MemoryStore::new()));
+    let limits = Limits::parse("1000/d", SLOW)
+        .unwrap()
+        .with_output_tokens(SLOW.parse::<tollgate::Rates>().unwrap());
+    let gate = Gate::builder(Profile::anthropic())
+        .limits(limits.clone())
+        .registry(Arc::clone(&registry))
+        .first_answer_wait(None)
+        .build()
+        .unwrap();
+    let (parts, ()) = http::Request::post("http://p.invalid/v1/messages")
+        .body(())
+        .unwrap()
+        .into_parts();
+    let body = json!({"model": "claude-sonnet-4", "stream": true, "max_tokens": 1000,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let mut attempts = Attempts::new(&gate, &parts, body.to_string().as_bytes()).unwrap();
+    let mut call = attempts.admit().await.unwrap();
+    call.sending();
+    let stream = concat!(
+        "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":9,\"output_tokens\":1}}}\n\n",
+        "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"hello there\"}}\n\n",
+        "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+    );
+    let Next::Deliver(body) = attempts
+        .answered(
+            call,
+            StatusCode::OK,
+            &HeaderMap::new(),
+            Pieces {
+                bytes: Bytes::from_static(stream.as_bytes()),
+                every: 1 << 20,
+            },
+        )
+        .await
+        .unwrap()
+    else {
+        panic!("not delivered");
+    };
+    read_all(*body).await;
+    let limiter = registry
+        .limiter("anthropic:claude-sonnet-4", &limits)
+        .unwrap();
+    let snapshot = limiter.snapshot().await.unwrap();
+    assert_eq!(
+        snapshot.least(Currency::OutputTokens).unwrap().whole(),
+        10_000_000 - 1_000
+    );
+    assert_eq!(
+        snapshot.least(Currency::Tokens).unwrap().whole(),
+        10_000_000 - 9
+    );
 }

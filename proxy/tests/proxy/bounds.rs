@@ -181,14 +181,17 @@ async fn bodies_held_at_once_are_bounded() {
     ))
     .await;
     let client = Hostile::new(proxy.addr);
-    // Two stalled bodies of 60 KB: the second doesn't fit beside the first.
+    // A body declares 60 KB and sends most of it, then stalls: it holds what it sent (a
+    // declared length alone holds nothing), and a second of 60 KB doesn't fit beside it.
     let mut first = client.connect().await;
     first.write_all(&head(60_000)).await.unwrap();
-    first.write_all(&[b' '; 10]).await.unwrap();
+    first.write_all(&[b' '; 59_000]).await.unwrap();
+    let mut declared = client.connect().await;
+    declared.write_all(&head(1_000_000)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     let answer = client
         .send(
-            &[head(60_000).as_slice(), b"   "].concat(),
+            &[head(60_000).as_slice(), &[b' '; 60_000]].concat(),
             Duration::from_secs(5),
         )
         .await;
@@ -343,8 +346,9 @@ async fn a_hung_call_does_not_hold_a_key_that_learns_its_limits() {
     hung.abort();
 }
 
-/// Usage no request could have produced (u64::MAX, 10^18) is settled at a window's burst: the
-/// key pays at most one window, and is not locked for 64 periods.
+/// Usage no request could have produced (u64::MAX, 10^18) is settled at what the request could
+/// have cost (twice its body and 8,192 tokens of context, or a window): the key is not locked
+/// for 64 periods.
 #[tokio::test]
 async fn a_lying_upstream_cannot_lock_a_key() {
     let upstream = HostileUpstream::start(|n, _| {
@@ -381,12 +385,13 @@ async fn a_lying_upstream_cannot_lock_a_key() {
         .status,
         200
     );
-    // The lie took the window to 0, at most: nothing is owed beyond it.
+    // The lie is settled at twice the body's 8 tokens and 8,192 of context: 2,208 owed
+    // beyond the window.
     assert_eq!(
         level(proxy.addr, &format!("{name}:gpt-4o"), "tokens").await,
-        0
+        6_000 - (2 * 8 + 8_192)
     );
-    // A call of 1,000 tokens waits for 1,000 tokens of refill (10 s), not for 64 minutes.
+    // A call of 1,000 tokens waits for 3,208 tokens of refill (32 s), not for 64 minutes.
     let thousand =
         br#"{"model":"gpt-4o","max_tokens":1000,"messages":[{"role":"user","content":"hi"}]}"#;
     let refused = send(
@@ -403,7 +408,7 @@ async fn a_lying_upstream_cannot_lock_a_key() {
         .parse()
         .unwrap();
     assert!(
-        (9..=11).contains(&after),
+        (31..=34).contains(&after),
         "a lie locked the key for {after} s"
     );
 }
@@ -444,4 +449,43 @@ async fn invented_keys_share_one_label() {
     assert_eq!(metric(&text, &series), Some(2_000.0));
     assert!(!text.contains(&format!("{name}:tenant:k")));
     assert!(text.len() < 200_000, "/metrics is {} bytes", text.len());
+}
+
+/// A client that stops reading an answer can't hold it, or the upstream call behind it: past
+/// `write_timeout` the answer is cut and the upstream's connection closed (five such clients
+/// held their calls for over 60 s with every other timeout at 3 s).
+#[tokio::test]
+async fn a_client_that_stops_reading_cannot_hold_the_upstream_call() {
+    let event = hostile::event(&json!({"choices": [{"delta": {"content": "x".repeat(1_000)}}]}));
+    let upstream = HostileUpstream::start(move |_, _| {
+        let mut steps = vec![Step::Write(hostile::stream_head(&[]))];
+        steps.extend(std::iter::repeat_n(Step::Write(event.clone()), 50_000));
+        steps
+    })
+    .await;
+    let proxy = proxy(&config(&upstream.url(), "write_timeout_seconds = 1", "")).await;
+    let body = br#"{"model":"gpt-4o","stream":true,"max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#;
+    let mut client = Hostile::new(proxy.addr).connect().await;
+    client
+        .write_all(&[head(body.len()).as_slice(), body].concat())
+        .await
+        .unwrap();
+    // The client reads nothing; the upstream writes until the proxy cuts it.
+    let started = std::time::Instant::now();
+    while upstream.broken.load(Ordering::SeqCst) == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the upstream call was still held after 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let text = get(proxy.addr, "/metrics").await.body_str();
+    assert!(
+        metric(
+            &text,
+            r#"tollgate_proxy_connections_closed_total{reason="unread"}"#
+        )
+        .is_some_and(|n| n >= 1.0),
+        "{text}"
+    );
 }

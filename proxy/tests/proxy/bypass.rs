@@ -184,9 +184,11 @@ async fn an_encoding_the_proxy_cant_read_is_refused_with_415() {
     assert_eq!(upstream.count(), 0);
 }
 
-/// A stream that carries no usage is settled from everything it generated: tool-call
-/// arguments and reasoning count as content does (they were skipped: 463 calls passed a
-/// 3,000-token window where 5 should have).
+/// A stream that carries no usage is charged at least its reservation, and everything it
+/// generated past it: tool-call arguments and reasoning count as content does (they were
+/// skipped: 463 calls passed a 3,000-token window where 5 should have). Here a model the
+/// configuration doesn't know, with no `max_tokens`, reserves the upstream's 100 and writes
+/// some 1,500.
 #[tokio::test]
 async fn streamed_tool_calls_and_reasoning_are_charged_without_usage() {
     let arguments = "{\"query\": \"".to_owned() + &text(1_500) + "\"}";
@@ -216,18 +218,24 @@ async fn streamed_tool_calls_and_reasoning_are_charged_without_usage() {
     ] {
         let upstream = streaming(events).await;
         let name = fresh("gen");
-        let proxy = proxy(&openai(
-            &name,
-            &upstream.url(),
-            r#"requests = "100/m"
-            tokens = "1000000/30d""#,
+        let proxy = proxy(&format!(
+            r#"
+            [[upstream]]
+            name = "{name}"
+            url = "{}"
+            profile = "generic"
+            default_max_tokens = 100
+            requests = "100/m"
+            tokens = "1000000/30d"
+            "#,
+            upstream.url()
         ))
         .await;
-        let body = json!({"model": "gpt-4o", "stream": true, "max_tokens": 5000,
+        let body = json!({"model": "my-model", "stream": true,
             "messages": [{"role": "user", "content": "search"}]});
         let answer = post(proxy.addr, "/v1/chat/completions", &body).await;
         assert_eq!(answer.status, 200);
-        let paid = 1_000_000 - level(proxy.addr, &format!("{name}:gpt-4o"), "tokens").await;
+        let paid = 1_000_000 - level(proxy.addr, &name, "tokens").await;
         // The prompt is a dozen tokens; the rest is the generated text, counted in pieces of
         // 64 KiB (each boundary can split a token: the count errs high).
         assert!(
