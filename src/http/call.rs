@@ -36,8 +36,8 @@ pub struct Call {
     /// What the gate estimated: input tokens, and the most output the call may write.
     input: u64,
     most_output: u64,
-    /// Whether the request named its output limit.
-    explicit: bool,
+    /// The most its model can write (the profile's table), times the copies asked for.
+    model_most: u64,
     model: Option<String>,
     /// The body to send in place of the caller's, when the gate changed it.
     send: Option<Bytes>,
@@ -174,7 +174,7 @@ impl Call {
             sent: None,
             input: estimated.input,
             most_output: estimated.output,
-            explicit: estimated.explicit,
+            model_most: estimated.model_most,
             model: estimated.model.clone(),
             send: estimated.send.clone(),
             usage_added: estimated.usage_added,
@@ -576,8 +576,8 @@ impl Call {
     /// A response that reported no output count is settled with the output counted from the
     /// text it generated ([`Reported::generated`]) if that is more than its reservation (else
     /// the reservation stands), and its input estimate. Usage no request could have produced
-    /// (more output than its largest output limit allowed; more input than twice its body and
-    /// 8,192 tokens of context, or a whole window) is cut to that bound, with a warning and
+    /// (more output than its model can write; more input than twice its body and 8,192 tokens
+    /// of context, or a whole window) is cut to that bound, with a warning and
     /// `tollgate_usage_clamped_total`.
     pub async fn finish(mut self, reported: Reported) -> Result<Usage, Error> {
         self.sent.get_or_insert_with(Instant::now);
@@ -663,8 +663,9 @@ impl Call {
         };
         // Usage no request could have produced is a lie. Input: more than twice what the body
         // holds and 8,192 tokens of context besides, or a whole window, whichever is more.
-        // Output: more than the request allowed (its largest output limit, times its copies),
-        // or, when it named none, its model's most or a whole window, whichever is more.
+        // Output: more than its model can write (or than the request allowed, or a window,
+        // whichever is most). An upstream that writes past `max_tokens` is billed for it: it
+        // spent the tokens.
         let input_most = largest(Currency::Tokens)
             .unwrap_or(0)
             .max(self.input.saturating_mul(2).saturating_add(8_192));
@@ -673,11 +674,7 @@ impl Call {
             _ => largest(Currency::Tokens),
         }
         .unwrap_or(0);
-        let output_most = if self.explicit {
-            self.most_output
-        } else {
-            self.most_output.max(window_output)
-        };
+        let output_most = self.most_output.max(self.model_most).max(window_output);
         let mut cut = *reported;
         let mut clamped = false;
         let mut bound = |slot: &mut Option<u64>, most: u64| {

@@ -466,6 +466,11 @@ impl Gate {
             .then(|| request::with_stream_usage(&read, &decoded))
             .flatten();
         let usage_added = with_usage.is_some();
+        let model_most = self
+            .inner
+            .profile
+            .output_without_max_tokens(model.as_deref())
+            .saturating_mul(copies);
         Ok(Estimated {
             key,
             model,
@@ -473,6 +478,7 @@ impl Gate {
             input,
             output: most_output,
             explicit,
+            model_most,
             send: with_usage.or(read.decoded),
             usage_added,
         })
@@ -676,6 +682,8 @@ pub struct Estimated {
     pub(super) output: u64,
     /// Whether the request named its `max_tokens`.
     pub(super) explicit: bool,
+    /// The most its model can write, times the copies asked for.
+    pub(super) model_most: u64,
     /// The body to send in place of the caller's, when the gate changed it.
     pub(super) send: Option<Bytes>,
     /// The gate asked the stream for its usage: the extra chunk is the gate's to take out.

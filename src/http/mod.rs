@@ -49,8 +49,8 @@
 //!    count keeps its reservation, or is charged the output counted from the text it generated
 //!    (content, tool-call arguments, reasoning, refusals, transcripts) if that is more: it is
 //!    never read as "nothing was written". Usage no request could have produced (output past
-//!    its largest limit; input past twice its body and 8,192 tokens, or a window) is cut to
-//!    that bound. A body cut short (the caller left, the upstream broke off) keeps its charge,
+//!    what its model can write; input past twice its body and 8,192 tokens, or a window) is
+//!    cut to that bound. A body cut short (the caller left, the upstream broke off) keeps its charge,
 //!    or what was generated if more: never less than was generated.
 //!
 //! [`Attempts`] is the step every adapter drives: read the request once, admit each attempt

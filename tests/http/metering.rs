@@ -192,13 +192,14 @@ async fn the_usage_chunk_the_gate_asked_for_is_taken_out_wherever_the_stream_is_
     }
 }
 
-/// Usage no request could have produced is cut to what it could: output to the largest output
-/// limit the request named (any of which its upstream may read), input to twice its body and
-/// 8,192 tokens of context, or a whole window.
+/// Usage no request could have produced is cut to what it could: output to what its model can
+/// write (a provider that writes past `max_tokens` is billed for it), input to twice its body
+/// and 8,192 tokens of context, or a whole window.
 #[tokio::test(start_paused = true)]
 async fn usage_no_request_could_produce_is_clamped() {
     let registry = Arc::new(Registry::new(MemoryStore::new()));
-    let gate = gate(&registry, "6000/d");
+    let window = "20000/d";
+    let gate = gate(&registry, window);
     let body = json!({"model": "gpt-4o", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]});
     let send = || async {
         let mut call = gate
@@ -216,24 +217,32 @@ async fn usage_no_request_could_produce_is_clamped() {
             false,
         )
     };
-    // 10 in and 900 out, where the request allowed 50 out: settled as 60.
+    // 10 in and 900 out, where the request allowed 50 out: billed as reported.
     let usage = send().await.finish(report(10, 900)).await.unwrap();
-    assert_eq!(usage.tokens, Some(60));
-    assert_eq!(
-        tokens_left(&registry, "openai:gpt-4o", "6000/d").await,
-        6_000 - 60
-    );
-    // An input of u64::MAX: twice the body's estimate (8 tokens) and 8,192 of context, here
-    // more than the window's 6,000.
+    assert_eq!(usage.tokens, Some(910));
+    // An input of u64::MAX: no more than twice the body's estimate (8 tokens) and 8,192 of
+    // context, or the window (20,000), whichever is more.
     let call = send().await;
-    let estimate = call.input_tokens();
-    assert_eq!(estimate, 8);
+    assert_eq!(call.input_tokens(), 8);
     let usage = call.finish(report(u64::MAX, 0)).await.unwrap();
-    assert_eq!(usage.tokens, Some(2 * 8 + 8_192));
+    assert_eq!(usage.tokens, Some(20_000));
     assert_eq!(
-        tokens_left(&registry, "openai:gpt-4o", "6000/d").await,
-        6_000 - 60 - (2 * 8 + 8_192)
+        tokens_left(&registry, "openai:gpt-4o", window).await,
+        20_000 - 910 - 20_000
     );
+    // On a window of a day's 10,000: 10 in and 10^18 out is cut to what gpt-4o writes, 16,384.
+    let registry = Arc::new(Registry::new(MemoryStore::new()));
+    let gate = self::gate(&registry, "10000/d");
+    let mut call = gate
+        .admit(&parts(), body.to_string().as_bytes())
+        .await
+        .unwrap();
+    call.sending();
+    let usage = call
+        .finish(report(10, 1_000_000_000_000_000_000))
+        .await
+        .unwrap();
+    assert_eq!(usage.tokens, Some(10 + 16_384));
 }
 
 /// A body cut short (the client left, the upstream broke off) keeps what the call was charged,
