@@ -12,6 +12,7 @@
 //! tokens = "40000/m; 1000000/d"
 //! tokens_burst = 20000    # the burst of every token window, instead of writing `burst` in each
 //! output_tokens = "8000/m"  # output tokens limited apart, as Anthropic does
+//! spend = "$50/d"         # a budget in dollars (calls say their price: Cost::with_spend)
 //!
 //! [keys."voyage-embed"]
 //! tokens = "1000000/m"
@@ -27,7 +28,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::error::Error;
-use crate::rate::{Limits, Rate, Rates};
+use crate::rate::{Currency, Limits, Rate, Rates};
 
 /// The settings of one key, with the defaults filled in.
 #[derive(Debug, Clone)]
@@ -63,18 +64,19 @@ pub struct Config {
 }
 
 /// The field names of each currency's windows and of their burst, in [`crate::Currency::ALL`] order.
-const RATE_FIELDS: [(&str, &str); 3] = [
+const RATE_FIELDS: [(&str, &str); 4] = [
     ("requests", "requests_burst"),
     ("tokens", "tokens_burst"),
     ("output_tokens", "output_tokens_burst"),
+    ("spend", "spend_burst"),
 ];
 
 /// One section as written, before the defaults are merged in.
 #[derive(Debug, Default, Clone)]
 struct Section {
     /// Each currency's windows and burst, in [`crate::Currency::ALL`] order.
-    rates: [Option<Rates>; 3],
-    bursts: [Option<u64>; 3],
+    rates: [Option<Rates>; 4],
+    bursts: [Option<u64>; 4],
     estimator: Option<String>,
     timeout: Option<Option<Duration>>,
     /// A field here was refused (and reported): merging says nothing more about the section.
@@ -103,7 +105,14 @@ fn section(name: &str, table: &toml::Table, problems: &mut Vec<String>) -> Secti
         let rate_field = RATE_FIELDS.iter().position(|(rates, _)| rates == field);
         let burst_field = RATE_FIELDS.iter().position(|(_, burst)| burst == field);
         if let Some(i) = rate_field {
-            match text().map(|t| t.parse::<Rates>()) {
+            let parsed = text().map(|t| {
+                if i == Currency::Spend.index() {
+                    Rates::parse_money(&t)
+                } else {
+                    t.parse::<Rates>()
+                }
+            });
+            match parsed {
                 Some(Ok(rates)) => out.rates[i] = Some(rates),
                 Some(Err(err)) => problems.push(format!("{at}: {err}")),
                 None => problems.push(format!("{at}: expected a rate string like \"500/m\"")),
@@ -111,6 +120,14 @@ fn section(name: &str, table: &toml::Table, problems: &mut Vec<String>) -> Secti
             continue;
         }
         if let Some(i) = burst_field {
+            if i == Currency::Spend.index() {
+                match text().map(|t| tollgate_grammar::parse_dollars(&t)) {
+                    Some(Ok(n)) if n > 0 => out.bursts[i] = Some(n),
+                    Some(Err(err)) => problems.push(format!("{at}: {err}")),
+                    _ => problems.push(format!("{at}: expected a dollar amount like \"$5\"")),
+                }
+                continue;
+            }
             match value.as_integer() {
                 Some(n) if n > 0 => out.bursts[i] = Some(n as u64),
                 _ => problems.push(format!("{at}: expected a whole number of at least 1")),
@@ -132,7 +149,7 @@ fn section(name: &str, table: &toml::Table, problems: &mut Vec<String>) -> Secti
                 None => problems.push(format!("{at}: expected a duration like \"30s\" or \"none\"")),
             },
             other => problems.push(format!(
-                "{at}: unknown field `{other}`; expected requests, tokens, output_tokens, their _burst, estimator or timeout"
+                "{at}: unknown field `{other}`; expected requests, tokens, output_tokens, spend, their _burst, estimator or timeout"
             )),
         }
     }
@@ -147,7 +164,7 @@ fn merge(
     default: &Section,
     problems: &mut Vec<String>,
 ) -> Option<KeyConfig> {
-    let mut windows: [Rates; 3] = Default::default();
+    let mut windows: [Rates; 4] = Default::default();
     let mut refused = false;
     for (i, window) in windows.iter_mut().enumerate() {
         let rates = own.rates[i]
@@ -165,8 +182,10 @@ fn merge(
     if refused {
         return None;
     }
-    let [requests, tokens, output_tokens] = windows;
-    let limits = Limits::new(requests, tokens).with_output_tokens(output_tokens);
+    let [requests, tokens, output_tokens, spend] = windows;
+    let limits = Limits::new(requests, tokens)
+        .with_output_tokens(output_tokens)
+        .with_spend(spend);
     if limits.is_empty() {
         // A refused rate was reported already; saying the section has none would mislead.
         if !own.refused && !default.refused {

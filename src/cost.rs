@@ -2,11 +2,34 @@
 
 use std::fmt;
 
-use crate::rate::Currency;
+use crate::rate::{Currency, MICROS_PER_DOLLAR, PerCurrency};
+
+/// Writes micro-dollars as dollars: `$50`, `$0.0042`.
+pub(crate) fn write_dollars(f: &mut fmt::Formatter<'_>, micros: u64) -> fmt::Result {
+    let whole = micros / MICROS_PER_DOLLAR;
+    let fraction = micros % MICROS_PER_DOLLAR;
+    if fraction == 0 {
+        write!(f, "${whole}")
+    } else {
+        let digits = format!("{fraction:06}");
+        write!(f, "${whole}.{}", digits.trim_end_matches('0'))
+    }
+}
+
+/// Micro-dollars written as dollars (`$0.0042`), for messages.
+#[derive(Debug, Clone, Copy)]
+pub struct Dollars(pub u64);
+
+impl fmt::Display for Dollars {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write_dollars(f, self.0)
+    }
+}
 
 /// What one call pays: requests (normally 1), tokens (the estimate of its input, plus the output
-/// it reserves where the provider meters both together), and output tokens (the output it
-/// reserves, where the provider limits output apart).
+/// it reserves where the provider meters both together), output tokens (the output it
+/// reserves, where the provider limits output apart) and spend (its price in micro-dollars, for
+/// budgets).
 ///
 /// A cost may be zero in some currencies (an empty prompt pays its request and nothing else),
 /// but not in all of them.
@@ -18,6 +41,9 @@ use crate::rate::Currency;
 /// assert_eq!((call.requests, call.tokens, call.output_tokens), (1, 1_200, 0));
 /// let anthropic = Cost::call(1_200).with_output_tokens(1_024);
 /// assert_eq!(anthropic.to_string(), "1 requests + 1200 tokens + 1024 output tokens");
+/// // $0.0042 of a budget, in micro-dollars.
+/// let priced = Cost::call(1_200).with_spend(4_200);
+/// assert_eq!(priced.to_string(), "1 requests + 1200 tokens + $0.0042");
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
@@ -28,6 +54,8 @@ pub struct Cost {
     pub tokens: u64,
     /// Charged to every output-token window.
     pub output_tokens: u64,
+    /// Charged to every spend window, in micro-dollars.
+    pub spend: u64,
 }
 
 impl Cost {
@@ -42,6 +70,7 @@ impl Cost {
             requests,
             tokens,
             output_tokens: 0,
+            spend: 0,
         }
     }
 
@@ -53,12 +82,33 @@ impl Cost {
         }
     }
 
+    /// The same cost with this price, in micro-dollars, charged to the spend windows.
+    pub const fn with_spend(self, spend: u64) -> Cost {
+        Cost { spend, ..self }
+    }
+
     /// The amount of one currency.
     pub fn of(&self, currency: Currency) -> u64 {
         match currency {
             Currency::Requests => self.requests,
             Currency::Tokens => self.tokens,
             Currency::OutputTokens => self.output_tokens,
+            Currency::Spend => self.spend,
+        }
+    }
+
+    /// The cost as an amount per currency.
+    pub fn per_currency(&self) -> PerCurrency<u64> {
+        PerCurrency::from_fn(|c| self.of(c))
+    }
+
+    /// A cost from an amount per currency.
+    pub fn from_per_currency(amounts: PerCurrency<u64>) -> Cost {
+        Cost {
+            requests: amounts[Currency::Requests],
+            tokens: amounts[Currency::Tokens],
+            output_tokens: amounts[Currency::OutputTokens],
+            spend: amounts[Currency::Spend],
         }
     }
 
@@ -73,6 +123,10 @@ impl fmt::Display for Cost {
         write!(f, "{} requests + {} tokens", self.requests, self.tokens)?;
         if self.output_tokens > 0 {
             write!(f, " + {} output tokens", self.output_tokens)?;
+        }
+        if self.spend > 0 {
+            f.write_str(" + ")?;
+            write_dollars(f, self.spend)?;
         }
         Ok(())
     }
@@ -95,6 +149,8 @@ pub struct Usage {
     pub tokens: Option<u64>,
     /// The output tokens the output-token windows should have been charged; `None` leaves them.
     pub output_tokens: Option<u64>,
+    /// What the call cost, in micro-dollars, for the spend windows; `None` leaves them.
+    pub spend: Option<u64>,
 }
 
 impl Usage {
@@ -103,6 +159,7 @@ impl Usage {
         Usage {
             tokens: Some(tokens),
             output_tokens: None,
+            spend: None,
         }
     }
 
@@ -112,5 +169,29 @@ impl Usage {
             output_tokens: Some(output_tokens),
             ..self
         }
+    }
+}
+
+impl Usage {
+    /// The token windows' usage if known, and nothing said of the rest.
+    pub const fn tokens_only(tokens: Option<u64>) -> Usage {
+        Usage {
+            tokens,
+            output_tokens: None,
+            spend: None,
+        }
+    }
+
+    /// The same usage with its cost in micro-dollars.
+    pub const fn with_spend(self, spend: u64) -> Usage {
+        Usage {
+            spend: Some(spend),
+            ..self
+        }
+    }
+
+    /// What the usage says, per currency (requests: never said).
+    pub fn per_currency(&self) -> PerCurrency<Option<u64>> {
+        PerCurrency::from([None, self.tokens, self.output_tokens, self.spend])
     }
 }

@@ -158,12 +158,15 @@ pub use backoff::Backoff;
 pub use bucket::{Amount, Available, Snapshot};
 pub use clock::ManualClock;
 pub use config::{Config, KeyConfig, install_config};
-pub use cost::{Cost, Usage};
+pub use cost::{Cost, Dollars, Usage};
 pub use error::{Cause, Error};
 #[doc(no_inline)]
 pub use headers::{MAX_RETRY_AFTER, parse_retry_after};
 pub use limiter::{Attempt, Limiter, LimiterBuilder, Permit, Settled, WaitPolicy};
-pub use rate::{Currencies, Currency, Limits, Rate, RateError, RateErrorKind, Rates};
+pub use rate::{
+    Currencies, Currency, Limits, MICROS_PER_DOLLAR, Money, PerCurrency, Rate, RateError,
+    RateErrorKind, Rates,
+};
 pub use rate_limited::RateLimited;
 pub use registry::{Registry, install_store};
 pub use store::{MemoryStore, Store};

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-pub use tollgate_grammar::{Rate, RateError, RateErrorKind, Rates};
+pub use tollgate_grammar::{MICROS_PER_DOLLAR, Money, Rate, RateError, RateErrorKind, Rates};
 
 /// What a window counts. A [`Cost`](crate::Cost) has a part in each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -25,11 +25,105 @@ pub enum Currency {
     /// The output tokens a call reserves, for providers that limit output apart (Anthropic's
     /// output tokens per minute).
     OutputTokens,
+    /// Money, in micro-dollars ([`MICROS_PER_DOLLAR`] to a dollar): what a call is priced at
+    /// (its input and reserved output at the model's prices), for budgets like `"$50/d"`.
+    Spend,
 }
 
 impl Currency {
     /// Every currency, in the order limits list them.
-    pub const ALL: [Currency; 3] = [Currency::Requests, Currency::Tokens, Currency::OutputTokens];
+    pub const ALL: [Currency; 4] = [
+        Currency::Requests,
+        Currency::Tokens,
+        Currency::OutputTokens,
+        Currency::Spend,
+    ];
+
+    /// The currency's place in [`Currency::ALL`] (and in a [`PerCurrency`]).
+    pub const fn index(self) -> usize {
+        match self {
+            Currency::Requests => 0,
+            Currency::Tokens => 1,
+            Currency::OutputTokens => 2,
+            Currency::Spend => 3,
+        }
+    }
+
+    /// The currency's name in snake case, as serde and the Redis script's logs write it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Currency::Requests => "requests",
+            Currency::Tokens => "tokens",
+            Currency::OutputTokens => "output_tokens",
+            Currency::Spend => "spend",
+        }
+    }
+}
+
+/// One value per [`Currency`], indexed by currency: what a call is charged, what a window
+/// holds above a count, what a sync took off.
+///
+/// ```
+/// use tollgate::{Currency, PerCurrency};
+///
+/// let mut charged = PerCurrency::splat(0u64);
+/// charged[Currency::Tokens] = 1_200;
+/// charged[Currency::Requests] += 1;
+/// assert_eq!(charged[Currency::Tokens], 1_200);
+/// assert_eq!(charged.iter().filter(|(_, v)| **v > 0).count(), 2);
+/// let doubled = charged.map(|v| v * 2);
+/// assert_eq!(doubled[Currency::Requests], 2);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct PerCurrency<T>([T; 4]);
+
+impl<T> PerCurrency<T> {
+    /// A value per currency, from a function of the currency.
+    pub fn from_fn(mut f: impl FnMut(Currency) -> T) -> PerCurrency<T> {
+        PerCurrency(std::array::from_fn(|i| f(Currency::ALL[i])))
+    }
+
+    /// The values, each changed by `f`.
+    pub fn map<U>(self, f: impl FnMut(T) -> U) -> PerCurrency<U> {
+        PerCurrency(self.0.map(f))
+    }
+
+    /// Every currency with its value, in the order of [`Currency::ALL`].
+    pub fn iter(&self) -> impl Iterator<Item = (Currency, &T)> {
+        Currency::ALL.into_iter().zip(self.0.iter())
+    }
+
+    /// The values, in the order of [`Currency::ALL`].
+    pub fn values(&self) -> &[T; 4] {
+        &self.0
+    }
+}
+
+impl<T: Copy> PerCurrency<T> {
+    /// The same value in every currency.
+    pub const fn splat(value: T) -> PerCurrency<T> {
+        PerCurrency([value; 4])
+    }
+}
+
+impl<T> std::ops::Index<Currency> for PerCurrency<T> {
+    type Output = T;
+
+    fn index(&self, currency: Currency) -> &T {
+        &self.0[currency.index()]
+    }
+}
+
+impl<T> std::ops::IndexMut<Currency> for PerCurrency<T> {
+    fn index_mut(&mut self, currency: Currency) -> &mut T {
+        &mut self.0[currency.index()]
+    }
+}
+
+impl<T> From<[T; 4]> for PerCurrency<T> {
+    fn from(values: [T; 4]) -> PerCurrency<T> {
+        PerCurrency(values)
+    }
 }
 
 /// A set of currencies: which windows a provider's 429 says are spent.
@@ -49,26 +143,20 @@ impl Currencies {
     /// No currency.
     pub const NONE: Currencies = Currencies(0);
     /// Every currency.
-    pub const ALL: Currencies = Currencies(0b111);
+    pub const ALL: Currencies = Currencies(0b1111);
 
-    fn bit(currency: Currency) -> u8 {
-        match currency {
-            Currency::Requests => 1,
-            Currency::Tokens => 2,
-            Currency::OutputTokens => 4,
-        }
+    const fn bit(currency: Currency) -> u8 {
+        1 << currency.index()
     }
 
     /// The same set with `currency` in it.
     pub const fn with(self, currency: Currency) -> Currencies {
-        Currencies(
-            self.0
-                | match currency {
-                    Currency::Requests => 1,
-                    Currency::Tokens => 2,
-                    Currency::OutputTokens => 4,
-                },
-        )
+        Currencies(self.0 | Currencies::bit(currency))
+    }
+
+    /// The same set without `currency`.
+    pub const fn without(self, currency: Currency) -> Currencies {
+        Currencies(self.0 & !Currencies::bit(currency))
     }
 
     /// Whether `currency` is in the set.
@@ -81,8 +169,8 @@ impl Currencies {
         self.0 == 0
     }
 
-    /// The set as a bit mask (requests 1, tokens 2, output tokens 4): how the Redis script
-    /// takes it.
+    /// The set as a bit mask (requests 1, tokens 2, output tokens 4, spend 8): how the Redis
+    /// script takes it.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn bits(self) -> u8 {
         self.0
@@ -101,6 +189,7 @@ impl fmt::Display for Currency {
             Currency::Requests => "requests",
             Currency::Tokens => "tokens",
             Currency::OutputTokens => "output tokens",
+            Currency::Spend => "spend",
         })
     }
 }
@@ -178,6 +267,30 @@ struct Windows {
     tokens: Rates,
     #[serde(default, skip_serializing_if = "Rates::is_empty")]
     output_tokens: Rates,
+    #[serde(default, skip_serializing_if = "Rates::is_empty", with = "money")]
+    spend: Rates,
+}
+
+/// Money windows in serde: `"$50/d; $2000/30d"`.
+mod money {
+    use serde::de::Error as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::Rates;
+
+    pub(super) fn serialize<S: Serializer>(
+        rates: &Rates,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(&rates.money())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Rates, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        Rates::parse_money(&text).map_err(D::Error::custom)
+    }
 }
 
 impl Windows {
@@ -186,6 +299,16 @@ impl Windows {
             Currency::Requests => &self.requests,
             Currency::Tokens => &self.tokens,
             Currency::OutputTokens => &self.output_tokens,
+            Currency::Spend => &self.spend,
+        }
+    }
+
+    fn of_mut(&mut self, currency: Currency) -> &mut Rates {
+        match currency {
+            Currency::Requests => &mut self.requests,
+            Currency::Tokens => &mut self.tokens,
+            Currency::OutputTokens => &mut self.output_tokens,
+            Currency::Spend => &mut self.spend,
         }
     }
 }
@@ -196,7 +319,7 @@ impl Limits {
         Limits::from(Windows {
             requests: requests.into(),
             tokens: tokens.into(),
-            output_tokens: Rates::none(),
+            ..Windows::default()
         })
     }
 
@@ -224,14 +347,30 @@ impl Limits {
     /// The same limits with these output-token windows (for providers that limit output tokens
     /// apart from input tokens).
     pub fn with_output_tokens(self, output_tokens: impl Into<Rates>) -> Limits {
-        let Windows {
-            requests, tokens, ..
-        } = Arc::unwrap_or_clone(self.0).windows;
-        Limits::from(Windows {
-            requests,
-            tokens,
-            output_tokens: output_tokens.into(),
-        })
+        self.with(Currency::OutputTokens, output_tokens)
+    }
+
+    /// The same limits with these spend windows: budgets in micro-dollars, written like
+    /// `"$50/d"` ([`Rates::parse_money`]). A call pays its price in them
+    /// ([`Cost::with_spend`](crate::Cost::with_spend)).
+    ///
+    /// ```
+    /// use tollgate::{Limits, Rates};
+    ///
+    /// let limits = Limits::parse("500/m", "200000/m")?.with_spend(Rates::parse_money("$50/d")?);
+    /// assert_eq!(limits.spend().as_slice()[0].amount(), 50_000_000);
+    /// assert_eq!(limits.to_string(), "requests 500/m, tokens 200000/m, spend $50/d");
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    pub fn with_spend(self, spend: impl Into<Rates>) -> Limits {
+        self.with(Currency::Spend, spend)
+    }
+
+    /// The same limits with the windows of `currency` replaced.
+    pub fn with(self, currency: Currency, rates: impl Into<Rates>) -> Limits {
+        let mut windows = Arc::unwrap_or_clone(self.0).windows;
+        *windows.of_mut(currency) = rates.into();
+        Limits::from(windows)
     }
 
     /// The request windows.
@@ -247,6 +386,11 @@ impl Limits {
     /// The output-token windows.
     pub fn output_tokens(&self) -> &Rates {
         &self.0.windows.output_tokens
+    }
+
+    /// The spend windows (micro-dollars).
+    pub fn spend(&self) -> &Rates {
+        &self.0.windows.spend
     }
 
     /// The windows of one currency.
@@ -301,7 +445,11 @@ impl fmt::Display for Limits {
                 f.write_str(", ")?;
             }
             first = false;
-            write!(f, "{currency} {rates}")?;
+            if currency == Currency::Spend {
+                write!(f, "{currency} {}", rates.money())?;
+            } else {
+                write!(f, "{currency} {rates}")?;
+            }
         }
         if first {
             f.write_str("no limits")?;

@@ -29,4 +29,7 @@ mod units;
 
 pub use duration::{TimeoutError, parse_timeout};
 pub use estimator::{Encoding, EstimatorName, EstimatorNameError};
-pub use rate::{MAX_CAPACITY_UNITS, Rate, RateError, RateErrorKind, Rates};
+pub use rate::{
+    MAX_CAPACITY_UNITS, MICROS_PER_DOLLAR, Money, Rate, RateError, RateErrorKind, Rates,
+    parse_dollars,
+};

@@ -235,6 +235,10 @@ pub enum RateErrorKind {
     Trailing(String),
     /// No rate at all in a list of windows: `";"`.
     EmptyWindow,
+    /// A money window's amount without its `$`: `50/d` where `$50/d` was meant.
+    NotMoney(String),
+    /// A dollar amount finer than a micro-dollar: `$0.0000001`.
+    TooPrecise(String),
 }
 
 impl fmt::Display for RateErrorKind {
@@ -287,6 +291,14 @@ impl fmt::Display for RateErrorKind {
             RateErrorKind::EmptyWindow => f.write_str(
                 "empty window in a list; separate windows with `;` or `,` like `60/m; 1000/d`",
             ),
+            RateErrorKind::NotMoney(n) => write!(
+                f,
+                "`{n}` is not a dollar amount; a budget is written like `$50/d` or `$0.50/h burst $5`"
+            ),
+            RateErrorKind::TooPrecise(n) => write!(
+                f,
+                "`{n}` is finer than a micro-dollar; at most six decimals"
+            ),
         }
     }
 }
@@ -337,6 +349,72 @@ fn find_burst(text: &str) -> Option<usize> {
 }
 
 fn parse_rate(input: &str) -> Result<Rate, RateErrorKind> {
+    parse_rate_with(input, parse_count)
+}
+
+/// Micro-dollars in a dollar: money windows count micro-dollars, so that a budget is kept in
+/// the same exact integer arithmetic as tokens.
+pub const MICROS_PER_DOLLAR: u64 = 1_000_000;
+
+/// Reads a dollar amount, `$12.345` (or `$12`, `$1_000`), as micro-dollars: a `$`, then a
+/// whole number of dollars with at most six decimals.
+///
+/// ```
+/// assert_eq!(tollgate_grammar::parse_dollars("$0.25").unwrap(), 250_000);
+/// assert!(tollgate_grammar::parse_dollars("0.25").is_err());
+/// ```
+pub fn parse_dollars(text: &str) -> Result<u64, RateError> {
+    dollars(text).map_err(|kind| RateError::new(text.to_owned(), kind))
+}
+
+fn dollars(text: &str) -> Result<u64, RateErrorKind> {
+    let trimmed = text.trim();
+    let Some(amount) = trimmed.strip_prefix('$') else {
+        return Err(RateErrorKind::NotMoney(trimmed.to_owned()));
+    };
+    let amount = amount.trim_start();
+    let (whole, fraction) = match amount.split_once('.') {
+        Some((whole, fraction)) => (whole, fraction),
+        None => (amount, ""),
+    };
+    let fraction: String = fraction.chars().filter(|c| *c != '_').collect();
+    if !fraction.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(RateErrorKind::NotAnInteger(trimmed.to_owned()));
+    }
+    if fraction.len() > 6 {
+        return Err(RateErrorKind::TooPrecise(trimmed.to_owned()));
+    }
+    let dollars = if whole.is_empty() && !fraction.is_empty() {
+        0
+    } else {
+        parse_count(whole).map_err(|kind| match kind {
+            RateErrorKind::NotAnInteger(_) => RateErrorKind::NotAnInteger(trimmed.to_owned()),
+            other => other,
+        })?
+    };
+    let micros = format!("{fraction:0<6}").parse::<u64>().unwrap_or(0);
+    dollars
+        .checked_mul(MICROS_PER_DOLLAR)
+        .and_then(|d| d.checked_add(micros))
+        .ok_or_else(|| RateErrorKind::Overflow(trimmed.to_owned()))
+}
+
+/// Writes micro-dollars as dollars: `$50`, `$0.5`, `$0.000001`.
+pub(crate) fn write_dollars(f: &mut fmt::Formatter<'_>, micros: u64) -> fmt::Result {
+    let whole = micros / MICROS_PER_DOLLAR;
+    let fraction = micros % MICROS_PER_DOLLAR;
+    if fraction == 0 {
+        write!(f, "${whole}")
+    } else {
+        let digits = format!("{fraction:06}");
+        write!(f, "${whole}.{}", digits.trim_end_matches('0'))
+    }
+}
+
+fn parse_rate_with(
+    input: &str,
+    parse_count: fn(&str) -> Result<u64, RateErrorKind>,
+) -> Result<Rate, RateErrorKind> {
     let text = input.trim();
     if text.is_empty() {
         return Err(RateErrorKind::Empty);
@@ -469,6 +547,78 @@ impl FromStr for Rates {
             rates.push(part.parse::<Rate>()?);
         }
         Ok(Rates(rates))
+    }
+}
+
+impl Rates {
+    /// Parses money windows, amounts in dollars with at most six decimals: `"$50/d"`,
+    /// `"$2000/30d"`, `"$0.50/h burst $5"`, `"$50/d; $1000/30d"`. The windows count
+    /// micro-dollars ([`MICROS_PER_DOLLAR`] to a dollar), so that a budget is kept in the same
+    /// exact integer arithmetic as tokens. An empty string is no windows.
+    ///
+    /// ```
+    /// use tollgate_grammar::Rates;
+    ///
+    /// let budget = Rates::parse_money("$50/d; $2000/30d")?;
+    /// assert_eq!(budget.as_slice()[0].amount(), 50_000_000);
+    /// assert_eq!(budget.money().to_string(), "$50/d; $2000/30d");
+    /// assert_eq!(Rates::parse_money("$0.25/h burst $1.5")?.money().to_string(), "$0.25/h burst $1.5");
+    /// assert!(Rates::parse_money("50/d").unwrap_err().to_string().contains("dollar"));
+    /// # Ok::<(), tollgate_grammar::RateError>(())
+    /// ```
+    pub fn parse_money(text: &str) -> Result<Rates, RateError> {
+        if text.trim().is_empty() {
+            return Ok(Rates::none());
+        }
+        let mut rates = Vec::new();
+        for part in text.split([';', ',']) {
+            if part.trim().is_empty() {
+                return Err(RateError::new(text.to_owned(), RateErrorKind::EmptyWindow));
+            }
+            rates.push(
+                parse_rate_with(part, dollars)
+                    .map_err(|kind| RateError::new(part.trim().to_owned(), kind))?,
+            );
+        }
+        Ok(Rates(rates))
+    }
+
+    /// The windows written as money (their amounts read as micro-dollars): what
+    /// [`parse_money`](Rates::parse_money) reads back.
+    pub fn money(&self) -> Money<'_> {
+        Money(self)
+    }
+}
+
+/// Money windows written in dollars; see [`Rates::money`].
+#[derive(Debug, Clone, Copy)]
+pub struct Money<'a>(&'a Rates);
+
+impl fmt::Display for Money<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, rate) in self.0.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write_dollars(f, rate.amount.get())?;
+            f.write_str("/")?;
+            let period = rate.period_ns.get();
+            let (unit, size) = CANONICAL
+                .iter()
+                .copied()
+                .find(|(_, size)| period.is_multiple_of(*size))
+                .unwrap_or(("ms", NANOS_PER_MS));
+            let count = period / size;
+            if count != 1 {
+                write!(f, "{count}")?;
+            }
+            f.write_str(unit)?;
+            if rate.burst != rate.amount {
+                f.write_str(" burst ")?;
+                write_dollars(f, rate.burst.get())?;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -20,7 +20,8 @@
 
 use std::collections::VecDeque;
 
-use super::{FLIGHT_LEASE, MAX_FLIGHTS, Nanos, PerCurrency, SEND_SKEW};
+use super::{FLIGHT_LEASE, MAX_FLIGHTS, Nanos, SEND_SKEW};
+use crate::rate::{Currency, PerCurrency};
 
 /// One call in flight (or settled, kept while an earlier one is still in flight).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,7 +102,7 @@ impl Flights {
             self.list.pop_front();
         }
         if self.list.front().is_none_or(|f| f.id > self.covers) {
-            self.cover = [0; 3];
+            self.cover = PerCurrency::default();
         }
     }
 
@@ -113,7 +114,7 @@ impl Flights {
     /// are kept in the order they went out, which is the order of the store's clock.)
     pub(crate) fn close_to(&self, index: usize) -> (PerCurrency<u64>, bool) {
         let flight = self.list[index];
-        let mut close = [0u64; 3];
+        let mut close = PerCurrency::splat(0u64);
         let mut ambiguous = false;
         let near = |other: &Flight| {
             other.at.plus(SEND_SKEW) >= flight.at && other.at <= flight.at.plus(SEND_SKEW)
@@ -122,8 +123,8 @@ impl Flights {
         let after = self.list.range(index + 1..).take_while(|o| near(o));
         for other in before.chain(after) {
             ambiguous = true;
-            for (sum, charged) in close.iter_mut().zip(other.charged) {
-                *sum = sum.saturating_add(charged);
+            for c in Currency::ALL {
+                close[c] = close[c].saturating_add(other.charged[c]);
             }
         }
         (close, ambiguous)

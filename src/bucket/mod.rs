@@ -37,7 +37,7 @@
 use std::time::Duration;
 
 use crate::cost::Cost;
-use crate::rate::{Currency, Limits, Rate};
+use crate::rate::{Currency, Limits, PerCurrency, Rate};
 
 pub(crate) mod flights;
 pub(crate) mod queue;
@@ -299,23 +299,6 @@ pub(crate) fn validate(limits: &Limits, cost: Cost) -> Result<(), BucketError> {
     Ok(())
 }
 
-/// A count per currency, in the order of [`Currency::ALL`].
-pub(crate) type PerCurrency<T> = [T; 3];
-
-/// The index of `currency` in a [`PerCurrency`].
-pub(crate) fn index(currency: Currency) -> usize {
-    match currency {
-        Currency::Requests => 0,
-        Currency::Tokens => 1,
-        Currency::OutputTokens => 2,
-    }
-}
-
-/// A cost as a count per currency.
-pub(crate) fn per_currency(cost: Cost) -> PerCurrency<u64> {
-    [cost.requests, cost.tokens, cost.output_tokens]
-}
-
 /// The answer of one step of a key's state machine. Durations are nanoseconds from the
 /// instant of the step, saturated at `u64::MAX`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -354,34 +337,10 @@ pub(crate) enum Step {
 }
 
 /// Tokens to add to (or, negative, take from) the windows of each currency.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct Delta {
-    pub(crate) requests: i64,
-    pub(crate) tokens: i64,
-    pub(crate) output_tokens: i64,
-}
-
-impl Delta {
-    pub(crate) fn of(&self, currency: Currency) -> i64 {
-        match currency {
-            Currency::Requests => self.requests,
-            Currency::Tokens => self.tokens,
-            Currency::OutputTokens => self.output_tokens,
-        }
-    }
-
-    pub(crate) fn from_array(delta: PerCurrency<i64>) -> Delta {
-        Delta {
-            requests: delta[0],
-            tokens: delta[1],
-            output_tokens: delta[2],
-        }
-    }
-}
+pub(crate) type Delta = PerCurrency<i64>;
 
 /// What a header sync brings ([`Op::Sync`](crate::store::Op::Sync)): the provider's counts,
-/// read from the answer to one call in flight. Per-currency fields are in the order of
-/// [`Currency::ALL`].
+/// read from the answer to one call in flight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct SyncArgs {
@@ -391,17 +350,17 @@ pub struct SyncArgs {
     /// What the call was charged, in case the key no longer remembers it.
     pub charged: Cost,
     /// The provider's `remaining`, per currency (`None`: not said).
-    pub remaining: [Option<u64>; 3],
+    pub remaining: PerCurrency<Option<u64>>,
     /// Spending elsewhere to charge first, per currency (the gate's model of it).
-    pub foreign: [u64; 3],
+    pub foreign: PerCurrency<u64>,
     /// What of the model's earlier charges may come back, per currency, where the count shows
     /// the windows lower than it and the margin say.
-    pub returnable: [u64; 3],
+    pub returnable: PerCurrency<u64>,
     /// How far below the provider's count to leave each currency.
-    pub margin: [u64; 3],
+    pub margin: PerCurrency<u64>,
     /// Per currency, true: the margin applies only where the count of a call the key
     /// remembers finds more spending elsewhere than has been corrected.
-    pub margin_if_above: [bool; 3],
+    pub margin_if_above: PerCurrency<bool>,
     /// The answer was a 429 (`Some`), and the call is done: what it was charged in the
     /// currencies given here comes back, since the provider counted nothing of it there (OpenAI
     /// and Gemini count a refused request against the request limit, so a gate following them
@@ -409,36 +368,35 @@ pub struct SyncArgs {
     pub refused: Option<crate::Currencies>,
 }
 
-/// What a header sync ([`Op::Sync`](crate::store::Op::Sync)) found and did. Per-currency
-/// fields are in the order of [`Currency::ALL`]; a currency the answer did not count is
-/// `None` (or 0).
+/// What a header sync ([`Op::Sync`](crate::store::Op::Sync)) found and did; a currency the
+/// answer did not count is `None` (or 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct Synced {
     /// Whole tokens the currency's tightest window held above the provider's count when the
     /// call went out (negative: below), calls that went out close to it left out: the least
     /// there can be.
-    pub above: [Option<i64>; 3],
+    pub above: PerCurrency<Option<i64>>,
     /// The estimate of all the spending elsewhere by the time the call went out, in whole
     /// tokens since the key began remembering calls, if the provider counted the calls in the
     /// order they went out: right on average, noisy when calls went out close together (what
     /// a model of that spending fits a rate to, robustly).
-    pub spent: [Option<i64>; 3],
+    pub spent: PerCurrency<Option<i64>>,
     /// Another call went out too close to this one to tell which the provider counted first,
     /// or the key does not remember this call.
     pub ambiguous: bool,
     /// How long ago the call went out.
     pub since: Duration,
     /// Whole tokens taken off every window of the currency now.
-    pub lowered: [u64; 3],
+    pub lowered: PerCurrency<u64>,
     /// Whole tokens of the model's earlier charges given back.
-    pub returned: [u64; 3],
+    pub returned: PerCurrency<u64>,
 }
 
 impl SyncArgs {
     /// A sync of the counts in `remaining` from the answer to call `flight`, charged
     /// `charged`, with no foreign spending, no margin, and not refused.
-    pub fn new(flight: u64, charged: Cost, remaining: [Option<u64>; 3]) -> SyncArgs {
+    pub fn new(flight: u64, charged: Cost, remaining: PerCurrency<Option<u64>>) -> SyncArgs {
         SyncArgs {
             flight,
             charged,

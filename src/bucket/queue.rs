@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 use super::Nanos;
 use super::window::Levels;
 use crate::cost::Cost;
+use crate::rate::PerCurrency;
 
 /// One waiting call's place.
 #[derive(Debug, Clone, Copy)]
@@ -46,19 +47,16 @@ impl Queue {
 }
 
 pub(crate) fn add(a: Cost, b: Cost) -> Cost {
-    Cost::new(
-        a.requests.saturating_add(b.requests),
-        a.tokens.saturating_add(b.tokens),
-    )
-    .with_output_tokens(a.output_tokens.saturating_add(b.output_tokens))
+    combine(a, b, u64::saturating_add)
 }
 
 pub(crate) fn sub(a: Cost, b: Cost) -> Cost {
-    Cost::new(
-        a.requests.saturating_sub(b.requests),
-        a.tokens.saturating_sub(b.tokens),
-    )
-    .with_output_tokens(a.output_tokens.saturating_sub(b.output_tokens))
+    combine(a, b, u64::saturating_sub)
+}
+
+fn combine(a: Cost, b: Cost, f: fn(u64, u64) -> u64) -> Cost {
+    let (a, b) = (a.per_currency(), b.per_currency());
+    Cost::from_per_currency(PerCurrency::from_fn(|c| f(a[c], b[c])))
 }
 
 /// `cost · num / den`, rounded down, in every currency (saturating).
@@ -66,5 +64,5 @@ pub(crate) fn scale(cost: Cost, num: u64, den: u64) -> Cost {
     let one = |n: u64| {
         u64::try_from(u128::from(n) * u128::from(num) / u128::from(den.max(1))).unwrap_or(u64::MAX)
     };
-    Cost::new(one(cost.requests), one(cost.tokens)).with_output_tokens(one(cost.output_tokens))
+    Cost::from_per_currency(cost.per_currency().map(one))
 }

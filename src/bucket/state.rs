@@ -7,11 +7,10 @@ use super::flights::Flights;
 use super::queue::{Queue, Ticket, add, scale, sub};
 use super::window::{Levels, Window, windows};
 use super::{
-    Available, BucketError, Delta, MAX_QUEUE, Nanos, PerCurrency, SCAN_AHEAD, Step, SyncArgs,
-    index, per_currency, saturate, validate,
+    Available, BucketError, Delta, MAX_QUEUE, Nanos, SCAN_AHEAD, Step, SyncArgs, saturate, validate,
 };
 use crate::cost::Cost;
-use crate::rate::{Currencies, Currency, Limits};
+use crate::rate::{Currencies, Currency, Limits, PerCurrency};
 
 /// The most windows the single-pass admission keeps on the stack; keys with more take the
 /// general path.
@@ -150,10 +149,10 @@ impl KeyState {
         if !fly {
             return Step::Admitted;
         }
-        let level = Currency::ALL.map(|c| tightest(limits, c).map_or(0, |i| self.real.units[i]));
+        let level = PerCurrency::from_fn(|c| tightest(limits, c).map_or(0, |i| self.real.units[i]));
         let flights = self.flights.get_or_insert_with(|| Box::new(Flights::new()));
         Step::Flying {
-            flight: flights.fly(now, per_currency(cost), level),
+            flight: flights.fly(now, cost.per_currency(), level),
         }
     }
 
@@ -339,7 +338,7 @@ impl KeyState {
     fn apply(&mut self, limits: &Limits, delta: Delta) {
         let apply = |levels: &mut Levels| {
             for ((c, w), level) in windows(limits).zip(levels.units.iter_mut()) {
-                let d = delta.of(c);
+                let d = delta[c];
                 *level = w.clamp(level.saturating_add(i128::from(d) * w.scale()));
             }
         };
@@ -369,11 +368,11 @@ impl KeyState {
         spent: Currencies,
     ) -> Step {
         self.refilled(limits, now);
-        let mut emptied: PerCurrency<Option<u64>> = [None; 3];
+        let mut emptied: PerCurrency<Option<u64>> = PerCurrency::splat(None);
         for ((c, w), level) in windows(limits).zip(self.real.units.iter_mut()) {
             if spent.contains(c) {
                 let held = u64::try_from(w.whole((*level).max(0))).unwrap_or(u64::MAX);
-                let slot = &mut emptied[index(c)];
+                let slot = &mut emptied[c];
                 *slot = Some(slot.map_or(held, |e| e.min(held)));
                 *level = (*level).min(0);
             }
@@ -386,12 +385,11 @@ impl KeyState {
             flights.covers = last.id;
             for c in Currency::ALL {
                 if spent.contains(c) {
-                    let i = index(c);
-                    flights.cover[i] = emptied[i];
+                    flights.cover[c] = emptied[c];
                     // What the windows held, the provider says is spent: taken off for spending
                     // elsewhere, like a sync's correction.
-                    flights.corrected[i] =
-                        flights.corrected[i].saturating_add(clamp_i64(i128::from(emptied[i])));
+                    flights.corrected[c] =
+                        flights.corrected[c].saturating_add(clamp_i64(i128::from(emptied[c])));
                 }
             }
         }
@@ -426,9 +424,9 @@ impl KeyState {
     /// Adds `tokens` (negative: takes them) to every window of `currency`, within capacity and
     /// the debt floor.
     fn shift(&mut self, limits: &Limits, currency: Currency, tokens: i64) {
-        let mut delta = [0i64; 3];
-        delta[index(currency)] = tokens;
-        self.apply(limits, Delta::from_array(delta));
+        let mut delta = Delta::default();
+        delta[currency] = tokens;
+        self.apply(limits, delta);
     }
 
     /// A header sync: brings the windows in line with what a provider's answer to call
@@ -449,13 +447,11 @@ impl KeyState {
     /// currency to at most the count, as [`lower`](KeyState::lower) does.
     pub(crate) fn sync(&mut self, limits: &Limits, now: Nanos, args: &SyncArgs) -> Step {
         let now = self.refilled(limits, now);
-        self.apply(
-            limits,
-            Delta::from_array(args.foreign.map(|t| -clamp_i64(i128::from(t)))),
-        );
+        self.apply(limits, args.foreign.map(|t| -clamp_i64(i128::from(t))));
         if let Some(flights) = self.flights.as_deref_mut() {
-            for (total, charged) in flights.corrected.iter_mut().zip(args.foreign) {
-                *total = total.saturating_add(clamp_i64(i128::from(charged)));
+            for c in Currency::ALL {
+                flights.corrected[c] =
+                    flights.corrected[c].saturating_add(clamp_i64(i128::from(args.foreign[c])));
             }
         }
         let found = self
@@ -468,32 +464,28 @@ impl KeyState {
             // The provider refused the call and counted nothing of it in the currencies it
             // gives back: what it was charged there comes back, and it is done (an adapter
             // that retries admits it again).
-            let mut charged = found.map_or(per_currency(args.charged), |(_, f, _)| f.charged);
+            let mut charged = found.map_or(args.charged.per_currency(), |(_, f, _)| f.charged);
             for c in Currency::ALL {
                 if !back.contains(c) {
-                    charged[index(c)] = 0;
+                    charged[c] = 0;
                 }
             }
-            self.apply(
-                limits,
-                Delta::from_array(charged.map(|c| clamp_i64(i128::from(c)))),
-            );
+            self.apply(limits, charged.map(|c| clamp_i64(i128::from(c))));
             if let (Some(flights), Some((i, _, _))) = (self.flights.as_deref_mut(), found) {
                 for c in Currency::ALL {
                     if back.contains(c) {
-                        flights.list[i].charged[index(c)] = 0;
+                        flights.list[i].charged[c] = 0;
                     }
                 }
                 flights.list[i].done = true;
             }
         }
-        let mut above: PerCurrency<Option<i64>> = [None; 3];
-        let mut spent: PerCurrency<Option<i64>> = [None; 3];
-        let mut lowered = [0u64; 3];
-        let mut returned = [0u64; 3];
+        let mut above: PerCurrency<Option<i64>> = PerCurrency::splat(None);
+        let mut spent: PerCurrency<Option<i64>> = PerCurrency::splat(None);
+        let mut lowered = PerCurrency::splat(0u64);
+        let mut returned = PerCurrency::splat(0u64);
         for c in Currency::ALL {
-            let i = index(c);
-            let (Some(remaining), Some(tight)) = (args.remaining[i], tightest(limits, c)) else {
+            let (Some(remaining), Some(tight)) = (args.remaining[c], tightest(limits, c)) else {
                 continue;
             };
             let w = Window {
@@ -501,7 +493,7 @@ impl KeyState {
             };
             let counted = w.units(remaining.min(w.rate.burst()));
             let Some((_, flight, (before, _))) = found else {
-                above[i] = Some(clamp_i64(w.whole(self.real.units[tight] - counted)));
+                above[c] = Some(clamp_i64(w.whole(self.real.units[tight] - counted)));
                 for ((currency, w), level) in windows(limits).zip(self.real.units.iter_mut()) {
                     if currency == c {
                         *level = (*level).min(w.units(remaining.min(w.rate.burst())));
@@ -511,30 +503,30 @@ impl KeyState {
             };
             // The call's own charge is in its record; a refused call is not in the count where
             // the provider gave it back.
-            let mut held = flight.level[i];
+            let mut held = flight.level[c];
             if back.contains(c) {
-                held -= w.units_capped(flight.charged[i]);
+                held -= w.units_capped(flight.charged[c]);
             }
             // What was spent elsewhere if the provider counted the calls in the order they went
             // out: a sample for the model, right on average.
             let likely = clamp_i64(w.whole(held - counted));
             // Calls that went out close to it are left out, whichever side of it they were
             // counted on: what is taken off is never more than was spent elsewhere.
-            let excess = clamp_i64(w.whole(held - w.units_capped(before[i]) - counted));
-            let corrected = self.flights.as_deref().map_or(0, |f| f.corrected[i]);
-            let since = corrected.saturating_sub(flight.corrected[i]);
-            above[i] = Some(excess);
-            spent[i] = Some(likely.saturating_add(flight.corrected[i]));
+            let excess = clamp_i64(w.whole(held - w.units_capped(before[c]) - counted));
+            let corrected = self.flights.as_deref().map_or(0, |f| f.corrected[c]);
+            let since = corrected.saturating_sub(flight.corrected[c]);
+            above[c] = Some(excess);
+            spent[c] = Some(likely.saturating_add(flight.corrected[c]));
             // What this count finds spent elsewhere beyond what was corrected: the likely
             // amount, but never more than the margin beyond the least there can be (a burst
             // that reached the provider in another order can't take off more than that).
-            let margin = clamp_i64(i128::from(args.margin[i]));
+            let margin = clamp_i64(i128::from(args.margin[c]));
             let found_more = likely
                 .saturating_sub(since)
                 .min(excess.saturating_sub(since).saturating_add(margin));
             // A margin held ready for spending elsewhere applies only when this count finds
             // more of it.
-            let margin = if args.margin_if_above[i] && found_more <= 0 {
+            let margin = if args.margin_if_above[c] && found_more <= 0 {
                 0
             } else {
                 margin
@@ -544,19 +536,19 @@ impl KeyState {
                 continue;
             };
             if take > 0 {
-                flights.corrected[i] = flights.corrected[i].saturating_add(take);
-                lowered[i] = take.unsigned_abs();
+                flights.corrected[c] = flights.corrected[c].saturating_add(take);
+                lowered[c] = take.unsigned_abs();
                 if found_more > 0 {
-                    flights.cover[i] = found_more.min(take).unsigned_abs();
+                    flights.cover[c] = found_more.min(take).unsigned_abs();
                     flights.covers = flight.id;
                 }
                 self.shift(limits, c, -take);
             } else if take < 0 {
-                let back = take.unsigned_abs().min(args.returnable[i]);
+                let back = take.unsigned_abs().min(args.returnable[c]);
                 if back > 0 {
-                    flights.corrected[i] =
-                        flights.corrected[i].saturating_sub(clamp_i64(i128::from(back)));
-                    returned[i] = back;
+                    flights.corrected[c] =
+                        flights.corrected[c].saturating_sub(clamp_i64(i128::from(back)));
+                    returned[c] = back;
                     self.shift(limits, c, clamp_i64(i128::from(back)));
                 }
             }
@@ -597,30 +589,29 @@ impl KeyState {
         let now = self.refilled(limits, now);
         let mut flights = self.flights.as_mut();
         let found = flights.as_ref().and_then(|f| f.find(flight));
-        let mut was = per_currency(charged);
+        let mut was = charged.per_currency();
         let mut coverable = false;
         if let (Some(flights), Some(i)) = (&flights, found) {
             was = flights.list[i].charged;
             coverable = flights.list[i].id <= flights.covers;
         }
-        let mut delta = [0i64; 3];
+        let mut delta = Delta::default();
         for c in Currency::ALL {
-            let i = index(c);
-            let Some(used) = used[i] else {
+            let Some(used) = used[c] else {
                 continue;
             };
             if limits.of(c).is_empty() {
                 continue;
             }
-            let difference = i128::from(was[i]) - i128::from(used);
-            delta[i] = if difference >= 0 {
+            let difference = i128::from(was[c]) - i128::from(used);
+            delta[c] = if difference >= 0 {
                 clamp_i64(difference)
             } else {
                 let shortfall = u64::try_from(-difference).unwrap_or(u64::MAX);
                 let covered = match flights.as_deref_mut() {
                     Some(flights) if coverable => {
-                        let covered = shortfall.min(flights.cover[i]);
-                        flights.cover[i] -= covered;
+                        let covered = shortfall.min(flights.cover[c]);
+                        flights.cover[c] -= covered;
                         covered
                     }
                     _ => 0,
@@ -628,7 +619,7 @@ impl KeyState {
                 -clamp_i64(i128::from(shortfall - covered))
             };
             if let (Some(flights), Some(f)) = (flights.as_deref_mut(), found) {
-                flights.list[f].charged[i] = used;
+                flights.list[f].charged[c] = used;
             }
         }
         if last && let (Some(flights), Some(f)) = (flights, found) {
@@ -638,7 +629,7 @@ impl KeyState {
                 self.flights = None;
             }
         }
-        self.apply(limits, Delta::from_array(delta));
+        self.apply(limits, delta);
         Step::Settled(delta)
     }
 
@@ -900,28 +891,14 @@ mod tests {
         let l = limits("", "18446744073709551615/730d");
         let mut state = KeyState::new(&l, Nanos(0));
         for step in 0..1_000u64 {
-            state.adjust(
-                &l,
-                Nanos(step),
-                Delta {
-                    tokens: i64::MIN,
-                    ..Delta::default()
-                },
-            );
+            state.adjust(&l, Nanos(step), Delta::from([0, i64::MIN, 0, 0]));
         }
         let w = Window {
             rate: *l.tokens().as_slice().first().unwrap(),
         };
         assert_eq!(state.real.units[0], w.floor());
         for step in 0..1_000u64 {
-            state.adjust(
-                &l,
-                Nanos(1_000 + step),
-                Delta {
-                    tokens: i64::MAX,
-                    ..Delta::default()
-                },
-            );
+            state.adjust(&l, Nanos(1_000 + step), Delta::from([0, i64::MAX, 0, 0]));
         }
         assert_eq!(state.real.units[0], w.cap());
         let waited = state.acquire(
@@ -1007,14 +984,7 @@ mod tests {
         // take the window 64 bursts into debt on a rate whose refill is one unit a period.
         let slow = limits("", "1/365d burst 1000000000");
         let mut state = KeyState::new(&slow, Nanos(u64::MAX));
-        state.adjust(
-            &slow,
-            Nanos(u64::MAX),
-            Delta {
-                tokens: i64::MIN,
-                ..Delta::default()
-            },
-        );
+        state.adjust(&slow, Nanos(u64::MAX), Delta::from([0, i64::MIN, 0, 0]));
         assert_eq!(
             state.acquire(
                 &slow,

@@ -15,7 +15,7 @@ use super::gate::{Estimated, Gate, LimitsFrom};
 use super::keys::Keyed;
 use super::usage::{Reported, error_detail};
 use super::verdict::Verdict;
-use crate::bucket::{SyncArgs, index};
+use crate::bucket::SyncArgs;
 use crate::headers::{RateHeader, rate_headers, retry_pause};
 use crate::{Cost, Currencies, Currency, Error, Limiter, Permit, Usage};
 
@@ -481,7 +481,7 @@ impl Call {
             } else {
                 remaining
             };
-            let i = index(header.currency);
+            let i = header.currency;
             args.remaining[i] = Some(remaining);
             if model {
                 let capacity = configured.capacity().unwrap_or(0);
@@ -494,7 +494,8 @@ impl Call {
             args.foreign = self.state.foreign.due();
             args.returnable = self.state.foreign.returnable(sent);
         }
-        let nothing = args.remaining.iter().all(Option::is_none) && args.foreign == [0; 3];
+        let nothing = args.remaining.iter().all(|(_, r)| r.is_none())
+            && args.foreign == crate::rate::PerCurrency::default();
         if nothing && !(refused && args.flight > 0) {
             self.state.foreign.restore(sent, args.returnable);
             return Ok(());
@@ -510,7 +511,7 @@ impl Call {
             return Ok(());
         }
         for currency in Currency::ALL {
-            let i = index(currency);
+            let i = currency;
             let compared = synced.spent[i].is_some();
             self.state.foreign.settled(
                 currency,
@@ -561,10 +562,7 @@ impl Call {
             return Ok(());
         }
         permit
-            .settle_part(Usage {
-                tokens: usage.tokens,
-                output_tokens: None,
-            })
+            .settle_part(Usage::tokens_only(usage.tokens))
             .await
             .map(|_| ())
     }

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::bucket::index;
+use crate::rate::PerCurrency;
 use crate::{Currency, Limiter};
 
 /// How far back the fit looks: long enough that a neighbour's bursts average out, short
@@ -68,20 +68,20 @@ const SHORTEST_SLOPE: Duration = Duration::from_millis(200);
 struct Model {
     /// Per currency: when calls went out and the total spent elsewhere by then, in the order
     /// they went out.
-    samples: [VecDeque<(Instant, f64)>; 3],
+    samples: PerCurrency<VecDeque<(Instant, f64)>>,
     /// Tokens a second spent elsewhere, per currency.
-    rate: [f64; 3],
+    rate: PerCurrency<f64>,
     /// When each currency was last synced.
-    synced: [Option<Instant>; 3],
+    synced: PerCurrency<Option<Instant>>,
     /// Fractions of a token charged for but not yet taken.
-    owed: [f64; 3],
+    owed: PerCurrency<f64>,
     /// What the model charged that no sync has confirmed yet: what a sync that finds the
     /// windows too low may give back. Each charge with when it was made: a count the provider
     /// took before a charge can't tell whether what it stood for was spent, so only the charges
     /// made before a call went out may come back at its sync.
-    unconfirmed: VecDeque<(Instant, [u64; 3])>,
+    unconfirmed: VecDeque<(Instant, PerCurrency<u64>)>,
     /// When a sync last found spending elsewhere that had not been corrected.
-    elsewhere: [Option<Instant>; 3],
+    elsewhere: PerCurrency<Option<Instant>>,
     /// Charged through this time (a little ahead of now).
     charged_at: Option<Instant>,
     charger: bool,
@@ -97,11 +97,11 @@ pub(super) struct Foreign {
 
 impl Model {
     /// Books `amounts` charged at `at` as not yet confirmed.
-    fn unconfirm(&mut self, at: Instant, amounts: [u64; 3]) {
+    fn unconfirm(&mut self, at: Instant, amounts: PerCurrency<u64>) {
         match self.unconfirmed.back_mut() {
             Some((last, kept)) if *last == at => {
-                for (kept, amount) in kept.iter_mut().zip(amounts) {
-                    *kept = kept.saturating_add(amount);
+                for c in Currency::ALL {
+                    kept[c] = kept[c].saturating_add(amounts[c]);
                 }
             }
             _ => self.unconfirmed.push_back((at, amounts)),
@@ -120,13 +120,13 @@ impl Foreign {
 
     /// The whole tokens per currency owed from the last charge until a little ahead of now,
     /// taken off the books (a sync charges them first).
-    pub(super) fn due(&self) -> [u64; 3] {
+    pub(super) fn due(&self) -> PerCurrency<u64> {
         let mut model = self.model();
         let through = Instant::now() + LEAD;
         let from = model.charged_at.unwrap_or(through);
         let elapsed = through.saturating_duration_since(from).as_secs_f64();
         model.charged_at = Some(from.max(through));
-        let due: [u64; 3] = std::array::from_fn(|i| {
+        let due: PerCurrency<u64> = PerCurrency::from_fn(|i| {
             model.owed[i] += model.rate[i] * elapsed;
             let whole = model.owed[i].floor();
             if whole >= 1.0 {
@@ -136,7 +136,7 @@ impl Foreign {
                 0
             }
         });
-        if due != [0; 3] {
+        if due != PerCurrency::default() {
             model.unconfirm(Instant::now(), due);
         }
         due
@@ -146,7 +146,7 @@ impl Foreign {
     /// through a sync that reads no count).
     pub(super) async fn charge(&self, limiter: &Limiter) -> Result<(), crate::Error> {
         let due = self.due();
-        if due == [0; 3] {
+        if due == PerCurrency::default() {
             return Ok(());
         }
         let args = crate::store::SyncArgs {
@@ -159,15 +159,15 @@ impl Foreign {
     /// What of the model's charges a sync of a call sent at `sent` may give back: those made
     /// before it went out, taken off the books until [`settled`](Foreign::settled) says what
     /// the sync did with them.
-    pub(super) fn returnable(&self, sent: Instant) -> [u64; 3] {
+    pub(super) fn returnable(&self, sent: Instant) -> PerCurrency<u64> {
         let mut model = self.model();
-        let mut offered = [0u64; 3];
+        let mut offered: PerCurrency<u64> = PerCurrency::default();
         while let Some((at, amounts)) = model.unconfirmed.front().copied()
             && at <= sent
         {
             model.unconfirmed.pop_front();
-            for (total, amount) in offered.iter_mut().zip(amounts) {
-                *total = total.saturating_add(amount);
+            for c in Currency::ALL {
+                offered[c] = offered[c].saturating_add(amounts[c]);
             }
         }
         offered
@@ -175,8 +175,8 @@ impl Foreign {
 
     /// The sync did not happen: what was offered (charges made by `sent`) may still come back
     /// later.
-    pub(super) fn restore(&self, sent: Instant, offered: [u64; 3]) {
-        if offered != [0; 3] {
+    pub(super) fn restore(&self, sent: Instant, offered: PerCurrency<u64>) {
+        if offered != PerCurrency::default() {
             self.model().unconfirmed.push_front((sent, offered));
         }
     }
@@ -193,8 +193,8 @@ impl Foreign {
         compared: bool,
     ) {
         if !compared && offered > returned {
-            let mut amounts = [0u64; 3];
-            amounts[index(currency)] = offered - returned;
+            let mut amounts = PerCurrency::default();
+            amounts[currency] = offered - returned;
             self.model().unconfirmed.push_front((sent, amounts));
         }
     }
@@ -214,7 +214,7 @@ impl Foreign {
     ) -> bool {
         let mut model = self.model();
         let now = Instant::now();
-        let i = index(currency);
+        let i = currency;
         let at = now.checked_sub(since).unwrap_or(now);
         model.synced[i] = Some(now);
         if found_more {
@@ -246,7 +246,7 @@ impl Foreign {
         } else {
             rate
         };
-        let start = !model.charger && model.rate.iter().any(|&r| r > 0.0);
+        let start = !model.charger && model.rate.iter().any(|(_, &r)| r > 0.0);
         if start {
             model.charger = true;
         }
@@ -263,7 +263,7 @@ impl Foreign {
     /// first sync that finds some.
     pub(super) fn margin(&self, currency: Currency, capacity: u64) -> (u64, bool) {
         let model = self.model();
-        let i = index(currency);
+        let i = currency;
         let seen = model.elsewhere[i].is_some_and(|at| at.elapsed() < SEEN_FOR);
         (capacity / MARGIN, !(model.rate[i] > 0.0 || seen))
     }
@@ -273,16 +273,17 @@ impl Foreign {
     /// charged like the model's own charges: the first syncs that compare a count give back
     /// whatever of it was not spent elsewhere. Once per key and process.
     pub(super) async fn blind(&self, limiter: &Limiter) -> Result<(), crate::Error> {
-        let mut due = [0u64; 3];
+        let mut due = PerCurrency::default();
         {
             let mut model = self.model();
             if model.blind {
                 return Ok(());
             }
             model.blind = true;
-            for currency in Currency::ALL {
+            // Money is counted by nobody else: only the currencies a provider counts.
+            for currency in Currency::ALL.into_iter().filter(|c| *c != Currency::Spend) {
                 if let Some(capacity) = limiter.limits().of(currency).capacity() {
-                    due[index(currency)] = capacity / BLIND;
+                    due[currency] = capacity / BLIND;
                 }
             }
             model.unconfirm(Instant::now(), due);
@@ -296,7 +297,7 @@ impl Foreign {
 
     /// The estimated rate of `currency`, in tokens a second.
     pub(super) fn rate_of(&self, currency: Currency) -> f64 {
-        self.model().rate[index(currency)]
+        self.model().rate[currency]
     }
 
     /// Whether the charger should go on: some rate is estimated. A rate not synced for a
@@ -304,7 +305,7 @@ impl Foreign {
     fn live(&self, every: Duration) -> bool {
         let mut model = self.model();
         let tick = every.as_secs_f64() / STALE.as_secs_f64();
-        for i in 0..3 {
+        for i in Currency::ALL {
             let stale = model.synced[i].is_none_or(|at| at.elapsed() > STALE);
             if stale {
                 model.rate[i] *= 0.5f64.powf(tick);
@@ -313,7 +314,7 @@ impl Foreign {
                 }
             }
         }
-        let on = model.rate.iter().any(|&r| r > 0.0);
+        let on = model.rate.iter().any(|(_, &r)| r > 0.0);
         if !on {
             model.charger = false;
         }

@@ -10,7 +10,7 @@ use tokio::sync::Semaphore;
 
 use super::foreign::Foreign;
 use crate::headers::RateHeader;
-use crate::{Currency, Error, Limiter, Limits, Rate, Rates, Registry};
+use crate::{Currency, Error, Limiter, Limits, PerCurrency, Rate, Rates, Registry};
 
 /// The largest limit a gate learns from a header: no provider states a quota of a trillion a
 /// period; a larger number is garbage, and learning it would leave the key unlimited.
@@ -22,7 +22,7 @@ pub(super) struct Keyed {
     /// Set at once for fixed limits; learned (and learned again) from the headers otherwise.
     limiter: RwLock<Option<Limiter>>,
     /// What the headers taught, per currency, in the order of [`Currency::ALL`].
-    learned: Mutex<[Option<u64>; 3]>,
+    learned: Mutex<PerCurrency<Option<u64>>>,
     /// Until a key's limits are known (from its first response), one call at a time; with
     /// sync on, until its first response, whatever its limits.
     pub(super) learning: Arc<Semaphore>,
@@ -42,7 +42,7 @@ impl Keyed {
         Keyed {
             key,
             limiter: RwLock::new(limiter),
-            learned: Mutex::new([None; 3]),
+            learned: Mutex::new(PerCurrency::splat(None)),
             learning: Arc::new(Semaphore::new(1)),
             heard: AtomicBool::new(false),
             warned_limit: AtomicBool::new(false),
@@ -59,7 +59,7 @@ impl Keyed {
         profile
             .headers
             .iter()
-            .all(|names| learned[super::index(names.currency)].is_some())
+            .all(|names| learned[names.currency].is_some())
     }
 
     /// The key's limiter, once its limits are known.
@@ -101,20 +101,20 @@ impl Keyed {
                 }
                 continue;
             }
-            next[super::index(header.currency)] = Some(limit);
+            next[header.currency] = Some(limit);
         }
-        if next == *learned || next.iter().all(Option::is_none) {
+        if next == *learned || next.iter().all(|(_, l)| l.is_none()) {
             return Ok(false);
         }
         let rates = |currency: Currency| -> Result<Rates, Error> {
-            Ok(match next[super::index(currency)] {
+            Ok(match next[currency] {
                 Some(limit) => Rates::from(Rate::new(limit, period)?),
                 None => Rates::none(),
             })
         };
         let limits = Limits::new(rates(Currency::Requests)?, rates(Currency::Tokens)?)
             .with_output_tokens(rates(Currency::OutputTokens)?);
-        let first = learned.iter().all(Option::is_none);
+        let first = learned.iter().all(|(_, l)| l.is_none());
         let store_key = if first {
             self.key.clone()
         } else {

@@ -113,8 +113,6 @@ mod request;
 mod usage;
 mod verdict;
 
-use crate::bucket::index;
-
 #[doc(no_inline)]
 pub use crate::headers::{RateHeader, go_duration, rate_headers, retry_pause};
 pub use attempt::{Attempts, Next};

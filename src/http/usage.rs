@@ -123,9 +123,14 @@ impl Reported {
                 (None, _) => self.total,
             }
         };
-        Usage {
-            tokens,
-            output_tokens: if output_apart { self.output } else { None },
+        let usage = Usage::tokens_only(tokens);
+        if output_apart {
+            match self.output {
+                Some(output) => usage.with_output_tokens(output),
+                None => usage,
+            }
+        } else {
+            usage
         }
     }
 }

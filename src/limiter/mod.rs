@@ -13,7 +13,7 @@ use tracing::Instrument;
 use crate::bucket::{Snapshot, SyncArgs};
 use crate::cost::Cost;
 use crate::error::Error;
-use crate::rate::{Currencies, Currency, Limits};
+use crate::rate::{Currencies, Currency, Limits, PerCurrency};
 use crate::store::{AnyStore, Op, Outcome, Store};
 
 mod builder;
@@ -85,7 +85,7 @@ struct Inner<S: Store> {
 #[derive(Debug, Default)]
 struct Cover {
     penalty: u64,
-    tokens: [u64; 3],
+    tokens: PerCurrency<u64>,
 }
 
 /// The metrics of one key, through the `metrics` facade. Without an installed recorder these
@@ -104,6 +104,12 @@ pub(crate) struct Meters {
     refunded: metrics::Counter,
     /// Tokens a header sync took off to reach the provider's count.
     pub(crate) lowered: metrics::Counter,
+    /// Micro-dollars charged at admission (the estimated price of calls).
+    spend_charged: metrics::Counter,
+    /// Micro-dollars charged when calls settled above their estimated price.
+    spend_settled: metrics::Counter,
+    /// Micro-dollars given back when calls settled below their estimated price.
+    spend_refunded: metrics::Counter,
     /// The provider's 429s, by kind.
     #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) transient_429s: metrics::Counter,
@@ -131,6 +137,9 @@ impl Meters {
             settled_charged: with_key("tollgate_tokens_settled_total"),
             refunded: with_key("tollgate_tokens_refunded_total"),
             lowered: with_key("tollgate_tokens_lowered_total"),
+            spend_charged: with_key("tollgate_spend_charged_micros_total"),
+            spend_settled: with_key("tollgate_spend_settled_micros_total"),
+            spend_refunded: with_key("tollgate_spend_refunded_micros_total"),
             transient_429s: metrics::counter!("tollgate_provider_429s_total", "key" => key.clone(), "kind" => "transient"),
             permanent_429s: metrics::counter!("tollgate_provider_429s_total", "key" => key.clone(), "kind" => "permanent"),
             clamped: with_key("tollgate_usage_clamped_total"),
@@ -138,10 +147,17 @@ impl Meters {
         }
     }
 
-    /// Counts what a settlement changed: refunds and charges, in tokens of every currency.
-    fn settled(&self, delta: [i64; 3]) {
+    /// Counts what a settlement changed: refunds and charges, in tokens of the token
+    /// currencies, and spend in micro-dollars.
+    fn settled(&self, delta: PerCurrency<i64>) {
         self.settlements.increment(1);
-        for d in delta {
+        let spend = delta[Currency::Spend];
+        if spend > 0 {
+            self.spend_refunded.increment(spend.unsigned_abs());
+        } else if spend < 0 {
+            self.spend_settled.increment(spend.unsigned_abs());
+        }
+        for d in [delta[Currency::Tokens], delta[Currency::OutputTokens]] {
             if d > 0 {
                 self.refunded.increment(d.unsigned_abs());
             } else if d < 0 {
@@ -374,7 +390,7 @@ impl<S: Store> Limiter<S> {
         {
             Outcome::Emptied(emptied) => emptied,
             // A store that predates emptied counts: nothing to cover with.
-            Outcome::Done => [0; 3],
+            Outcome::Done => PerCurrency::default(),
             other => return Err(unexpected(&other)),
         };
         let penalty = self.inner.penalties.fetch_add(1, Ordering::AcqRel) + 1;
@@ -394,7 +410,7 @@ impl<S: Store> Limiter<S> {
 
     /// Takes what a permit admitted before penalty number `penalties` may leave uncharged of
     /// a `shortfall` in currency `index`: what the last penalty emptied, as far as it goes.
-    pub(crate) fn covered(&self, penalties: u64, index: usize, shortfall: u64) -> u64 {
+    pub(crate) fn covered(&self, penalties: u64, currency: Currency, shortfall: u64) -> u64 {
         let mut cover = self
             .inner
             .cover
@@ -403,8 +419,8 @@ impl<S: Store> Limiter<S> {
         if cover.penalty <= penalties {
             return 0;
         }
-        let covered = shortfall.min(cover.tokens[index]);
-        cover.tokens[index] -= covered;
+        let covered = shortfall.min(cover.tokens[currency]);
+        cover.tokens[currency] -= covered;
         covered
     }
 
@@ -435,11 +451,16 @@ impl<S: Store> Limiter<S> {
     pub(crate) async fn sync(&self, args: SyncArgs) -> Result<crate::store::Synced, Error> {
         match self.call_bounded(Op::Sync(Box::new(args))).await? {
             Outcome::Synced(synced) => {
-                let lowered: u64 = synced.lowered.iter().sum();
+                let lowered: u64 = synced
+                    .lowered
+                    .iter()
+                    .filter(|(c, _)| *c != Currency::Spend)
+                    .map(|(_, t)| *t)
+                    .sum();
                 if lowered > 0 {
                     self.meters().lowered.increment(lowered);
                 }
-                if synced.returned.iter().any(|r| *r > 0) {
+                if synced.returned.iter().any(|(_, r)| *r > 0) {
                     self.refunded();
                 }
                 Ok(*synced)
@@ -452,6 +473,9 @@ impl<S: Store> Limiter<S> {
         let meters = self.meters();
         meters.admitted.increment(1);
         meters.tokens.increment(cost.tokens);
+        if cost.spend > 0 {
+            meters.spend_charged.increment(cost.spend);
+        }
         meters.waited.record(waited.as_secs_f64());
         let penalties = self.inner.penalties.load(Ordering::Acquire);
         if flight.is_some() {

@@ -5,6 +5,7 @@ use std::time::Duration;
 use super::Limiter;
 use crate::cost::{Cost, Usage};
 use crate::error::Error;
+use crate::rate::{Currency, PerCurrency};
 use crate::store::{AnyStore, Op, Outcome, Store};
 
 /// The answer of [`Limiter::try_acquire`]: admitted, or the time until the call could be.
@@ -56,6 +57,8 @@ pub struct Settled {
     pub tokens: i64,
     /// The change to every output-token window.
     pub output_tokens: i64,
+    /// The change to every spend window, in micro-dollars.
+    pub spend: i64,
 }
 
 impl<S: Store> Permit<S> {
@@ -175,13 +178,12 @@ impl<S: Store> Permit<S> {
 
     async fn settle_now(&mut self, usage: Usage, last: bool) -> Result<Settled, Error> {
         let limits = self.limiter.limits();
-        let used = [
-            None,
-            usage.tokens.filter(|_| !limits.tokens().is_empty()),
-            usage
-                .output_tokens
-                .filter(|_| !limits.output_tokens().is_empty()),
-        ];
+        let mut used = usage.per_currency();
+        for c in Currency::ALL {
+            if limits.of(c).is_empty() {
+                used[c] = None;
+            }
+        }
         let delta = match self.flight {
             Some(flight) => {
                 if last {
@@ -200,48 +202,40 @@ impl<S: Store> Permit<S> {
                 }
             }
             None => {
-                let charged = [
-                    self.cost.requests,
-                    self.cost.tokens,
-                    self.cost.output_tokens,
-                ];
-                let mut delta = [0i64; 3];
-                for i in 1..3 {
-                    let Some(used) = used[i] else { continue };
-                    delta[i] = if used <= charged[i] {
-                        clamp(u128::from(charged[i] - used))
+                let charged = self.cost.per_currency();
+                let mut delta = PerCurrency::splat(0i64);
+                for c in Currency::ALL {
+                    let Some(used) = used[c] else { continue };
+                    delta[c] = if used <= charged[c] {
+                        clamp(u128::from(charged[c] - used))
                     } else {
-                        let shortfall = used - charged[i];
-                        let covered = self.limiter.covered(self.penalties, i, shortfall);
+                        let shortfall = used - charged[c];
+                        let covered = self.limiter.covered(self.penalties, c, shortfall);
                         -clamp(u128::from(shortfall - covered))
                     };
                 }
-                if delta != [0; 3] {
-                    self.limiter
-                        .call_bounded(Op::Adjust {
-                            requests: 0,
-                            tokens: delta[1],
-                            output_tokens: delta[2],
-                        })
-                        .await?;
+                if delta != PerCurrency::default() {
+                    self.limiter.call_bounded(Op::Adjust { delta }).await?;
                 }
                 delta
             }
         };
-        if let Some(tokens) = used[1] {
-            self.cost.tokens = tokens;
+        let mut cost = self.cost.per_currency();
+        for c in Currency::ALL {
+            if let Some(used) = used[c] {
+                cost[c] = used;
+            }
         }
-        if let Some(output_tokens) = used[2] {
-            self.cost.output_tokens = output_tokens;
-        }
+        self.cost = Cost::from_per_currency(cost);
         let settled = Settled {
-            tokens: delta[1],
-            output_tokens: delta[2],
+            tokens: delta[Currency::Tokens],
+            output_tokens: delta[Currency::OutputTokens],
+            spend: delta[Currency::Spend],
         };
         if settled != Settled::default() {
             self.limiter.meters().settled(delta);
         }
-        if settled.tokens > 0 || settled.output_tokens > 0 {
+        if delta.iter().any(|(_, d)| *d > 0) {
             self.limiter.refunded();
         }
         Ok(settled)
@@ -260,14 +254,12 @@ impl<S: Store> Permit<S> {
                 self.limiter.settle_in_background(Op::Settle {
                     flight,
                     charged: cost,
-                    used: [Some(0); 3],
+                    used: PerCurrency::splat(Some(0)),
                     last: true,
                 });
             }
             None => self.limiter.settle_in_background(Op::Adjust {
-                requests: clamp(u128::from(cost.requests)),
-                tokens: clamp(u128::from(cost.tokens)),
-                output_tokens: clamp(u128::from(cost.output_tokens)),
+                delta: cost.per_currency().map(|c| clamp(u128::from(c))),
             }),
         }
         self.limiter.refunded();
@@ -282,7 +274,7 @@ impl<S: Store> Drop for Permit<S> {
             self.limiter.settle_in_background(Op::Settle {
                 flight,
                 charged: self.cost,
-                used: [None; 3],
+                used: PerCurrency::splat(None),
                 last: true,
             });
         }

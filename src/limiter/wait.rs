@@ -78,16 +78,14 @@ impl<S: Store> Drop for Delivery<S> {
         let undo = match (&self.op, self.result.take()) {
             (_, Some(Ok(Outcome::Queued { ticket, .. }))) => Op::Cancel { ticket },
             (Op::Acquire { .. } | Op::Admit { .. }, Some(Ok(Outcome::Admitted))) => Op::Adjust {
-                requests: clamp_refund(self.charged.requests),
-                tokens: clamp_refund(self.charged.tokens),
-                output_tokens: clamp_refund(self.charged.output_tokens),
+                delta: self.charged.per_currency().map(clamp_refund),
             },
             // A call that never went out used nothing: all of it back, and it is done.
             (Op::Acquire { .. } | Op::Admit { .. }, Some(Ok(Outcome::Flying(flight)))) => {
                 Op::Settle {
                     flight,
                     charged: self.charged,
-                    used: [Some(0); 3],
+                    used: crate::rate::PerCurrency::splat(Some(0)),
                     last: true,
                 }
             }

@@ -246,19 +246,7 @@ pub(crate) fn apply_to(
             .admit(limits, now, ticket.id(), fly, lease)
             .map_err(|e| Error::from_bucket(key, Default::default(), e))?,
         Op::Cancel { ticket } => state.cancel(now, ticket.id()),
-        Op::Adjust {
-            requests,
-            tokens,
-            output_tokens,
-        } => state.adjust(
-            limits,
-            now,
-            crate::bucket::Delta {
-                requests,
-                tokens,
-                output_tokens,
-            },
-        ),
+        Op::Adjust { delta } => state.adjust(limits, now, delta),
         Op::Penalize { pause, spent } => state.penalize(limits, now, now.plus(pause), spent),
         Op::Lower {
             currency,

@@ -16,7 +16,7 @@ use crate::bucket::Available;
 pub use crate::bucket::{SyncArgs, Synced};
 use crate::cost::Cost;
 use crate::error::Error;
-use crate::rate::{Currencies, Currency, Limits};
+use crate::rate::{Currencies, Currency, Limits, PerCurrency};
 
 pub(crate) mod memory;
 #[cfg(feature = "redis")]
@@ -80,12 +80,8 @@ pub enum Op {
     /// Adds tokens to the windows of each currency: positive amounts are refunds (never above
     /// capacity), negative ones charges (which may leave a window in debt).
     Adjust {
-        /// Added to every request window.
-        requests: i64,
-        /// Added to every token window.
-        tokens: i64,
-        /// Added to every output-token window.
-        output_tokens: i64,
+        /// Added to every window of each currency.
+        delta: PerCurrency<i64>,
     },
     /// A provider's 429: empties the windows of the `spent` currencies, and admits nothing for
     /// `pause` (a longer pause already in force wins). Answers [`Outcome::Emptied`].
@@ -106,8 +102,7 @@ pub enum Op {
     /// A header sync: brings the windows in line with a provider's counts read from the
     /// answer to a call in flight (see [`SyncArgs`]). Answers [`Outcome::Synced`].
     Sync(Box<SyncArgs>),
-    /// Settles a call in flight with what it used, per currency in the order of
-    /// [`Currency::ALL`] (`None`: as charged). A shortfall is charged less what a sync that
+    /// Settles a call in flight with what it used, per currency (`None`: as charged). A shortfall is charged less what a sync that
     /// counted the call took off already. With `last`, the call is done. Answers
     /// [`Outcome::Settled`].
     Settle {
@@ -116,7 +111,7 @@ pub enum Op {
         /// What it was charged, in case the key no longer remembers it.
         charged: Cost,
         /// What it used.
-        used: [Option<u64>; 3],
+        used: PerCurrency<Option<u64>>,
         /// Whether this is the call's last settlement.
         last: bool,
     },
@@ -156,15 +151,15 @@ pub enum Outcome {
     /// to `remaining` held above it (what was taken off), or, negative, below it (nothing was
     /// taken, and this much more was left than the provider said).
     Lowered(i64),
-    /// What an [`Op::Penalize`] emptied: per currency (in the order of [`Currency::ALL`]),
-    /// the whole tokens the closest window held above zero.
-    Emptied([u64; 3]),
+    /// What an [`Op::Penalize`] emptied: per currency, the whole tokens the closest window
+    /// held above zero.
+    Emptied(PerCurrency<u64>),
     /// What an [`Op::Sync`] found and did (boxed: the rare large answer would otherwise make
     /// every admission's answer as large).
     Synced(Box<Synced>),
     /// What an [`Op::Settle`] added to the windows, per currency (positive: a refund;
     /// negative: a charge).
-    Settled([i64; 3]),
+    Settled(PerCurrency<i64>),
     /// What every window holds, in the order of [`Limits::windows`].
     Snapshot(Vec<Available>),
 }

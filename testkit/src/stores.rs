@@ -72,9 +72,7 @@ pub fn adjust_now(
     tokens: i64,
 ) -> Result<(), Error> {
     let op = Op::Adjust {
-        requests: 0,
-        tokens,
-        output_tokens: 0,
+        delta: tollgate::PerCurrency::from([0, tokens, 0, 0]),
     };
     now(store, key, limits, op).map(|_| ())
 }

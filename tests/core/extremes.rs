@@ -89,7 +89,7 @@ proptest! {
                     max_wait: None,
                     fly: false,
                 },
-                Step::Settle(delta) => Op::Adjust { requests: delta, tokens: delta, output_tokens: 0 },
+                Step::Settle(delta) => Op::Adjust { delta: tollgate::PerCurrency::from([delta, delta, 0, delta]) },
                 Step::Penalize(pause) => Op::Penalize { pause, spent: tollgate::Currencies::ALL },
                 Step::Lower(remaining) => Op::Lower { currency: Currency::Tokens, remaining },
             };

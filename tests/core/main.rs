@@ -16,6 +16,7 @@ mod rate_grammar;
 mod registry;
 mod retry_after;
 mod seed_ledger;
+mod spend;
 mod waiting;
 mod window_bound;
 

@@ -20,7 +20,7 @@ use std::time::Duration;
 use tollgate::store::redis::{RedisConfig, RedisStore};
 use tollgate::store::{Op, Outcome, SyncArgs, Ticket};
 use tollgate::testing::{RuleBook, redis_apply_at};
-use tollgate::{Cost, Currencies, Currency, Error, Limits, Store};
+use tollgate::{Cost, Currencies, Currency, Error, Limits, PerCurrency, Store};
 use tollgate_testkit::Lcg;
 use tollgate_testkit::redis::RedisServer;
 
@@ -46,6 +46,10 @@ fn limit_sets() -> Vec<Limits> {
             .with_output_tokens(output("100/s")),
         Limits::parse("60/m", "500/s; 20000/m").unwrap(),
         Limits::parse("", "100/s burst 30").unwrap(),
+        // A budget beside the tokens: a micro-dollar a millisecond, up to 300.
+        Limits::parse("20/s", "500/s")
+            .unwrap()
+            .with_spend(tollgate::Rates::parse_money("$0.001/s burst $0.0003").unwrap()),
     ]
 }
 
@@ -96,7 +100,10 @@ fn cost(rng: &mut Lcg, limits: &Limits) -> Cost {
     let requests = u64::from(!limits.requests().is_empty() && rng.below(5) != 0);
     let tokens = pick(rng, most(Currency::Tokens));
     let output = pick(rng, most(Currency::OutputTokens));
-    let cost = Cost::new(requests, tokens).with_output_tokens(output);
+    let spend = pick(rng, most(Currency::Spend));
+    let cost = Cost::new(requests, tokens)
+        .with_output_tokens(output)
+        .with_spend(spend);
     if cost.is_zero() {
         Cost::new(1, 0)
     } else {
@@ -156,9 +163,7 @@ fn operation(rng: &mut Lcg, limits: &Limits, calls: &[Held]) -> (Op, Option<usiz
         60..=64 => {
             let delta = |rng: &mut Lcg| rng.below(601) as i64 - 300;
             let op = Op::Adjust {
-                requests: delta(rng) / 100,
-                tokens: delta(rng),
-                output_tokens: delta(rng),
+                delta: PerCurrency::from([delta(rng) / 100, delta(rng), delta(rng), delta(rng)]),
             };
             (op, None)
         }
@@ -174,7 +179,7 @@ fn operation(rng: &mut Lcg, limits: &Limits, calls: &[Held]) -> (Op, Option<usiz
             (op, None)
         }
         69..=72 => {
-            let currency = Currency::ALL[rng.below(3) as usize];
+            let currency = Currency::ALL[rng.below(4) as usize];
             let op = Op::Lower {
                 currency,
                 remaining: rng.below(250),
@@ -187,8 +192,8 @@ fn operation(rng: &mut Lcg, limits: &Limits, calls: &[Held]) -> (Op, Option<usiz
                 _ => (rng.below(40), None),
             };
             let charged = call.map_or(Cost::call(10), |c| calls[c].cost);
-            let mut args = SyncArgs::new(flight, charged, [None; 3]);
-            for i in 0..3 {
+            let mut args = SyncArgs::new(flight, charged, PerCurrency::splat(None));
+            for i in Currency::ALL {
                 args.remaining[i] = maybe(rng, 600);
                 args.foreign[i] = if rng.below(3) == 0 { rng.below(50) } else { 0 };
                 args.returnable[i] = rng.below(100);
@@ -211,7 +216,12 @@ fn operation(rng: &mut Lcg, limits: &Limits, calls: &[Held]) -> (Op, Option<usiz
                 let op = Op::Settle {
                     flight: calls[call].flight.unwrap(),
                     charged: calls[call].cost,
-                    used: [maybe(rng, 5), maybe(rng, 400), maybe(rng, 400)],
+                    used: PerCurrency::from([
+                        maybe(rng, 5),
+                        maybe(rng, 400),
+                        maybe(rng, 400),
+                        maybe(rng, 400),
+                    ]),
                     last: rng.below(3) != 0,
                 };
                 (op, Some(call))
@@ -331,13 +341,19 @@ fn the_script_answers_every_operation_exactly_as_the_rule_book() {
                     Outcome::NotYet(_) => "not yet",
                     Outcome::Behind(_) => "behind",
                     Outcome::Lost => "lost",
-                    Outcome::Emptied(e) if e.iter().any(|t| *t > 0) => "emptied",
+                    Outcome::Emptied(e) if e.values().iter().any(|t| *t > 0) => "emptied",
                     Outcome::Lowered(t) if *t > 0 => "lowered",
-                    Outcome::Synced(s) if s.lowered.iter().any(|t| *t > 0) => "synced, took off",
-                    Outcome::Synced(s) if s.returned.iter().any(|t| *t > 0) => "synced, gave back",
-                    Outcome::Synced(s) if s.spent.iter().all(Option::is_none) => "synced, unknown",
-                    Outcome::Settled(d) if d.iter().any(|t| *t < 0) => "settled, charged",
-                    Outcome::Settled(d) if d.iter().any(|t| *t > 0) => "settled, refunded",
+                    Outcome::Synced(s) if s.lowered.values().iter().any(|t| *t > 0) => {
+                        "synced, took off"
+                    }
+                    Outcome::Synced(s) if s.returned.values().iter().any(|t| *t > 0) => {
+                        "synced, gave back"
+                    }
+                    Outcome::Synced(s) if s.spent.values().iter().all(Option::is_none) => {
+                        "synced, unknown"
+                    }
+                    Outcome::Settled(d) if d.values().iter().any(|t| *t < 0) => "settled, charged",
+                    Outcome::Settled(d) if d.values().iter().any(|t| *t > 0) => "settled, refunded",
                     _ => "other",
                 };
                 *seen.entry(what).or_default() += 1;

@@ -36,9 +36,7 @@ fn repeated_huge_underestimates_leave_the_server_responsive_and_stop_at_the_debt
         let store = RedisStore::connect(&server.url()).await.unwrap();
         let limits = Limits::parse("", "3000/s").unwrap();
         let take = Op::Adjust {
-            requests: 0,
-            tokens: -70_000_000_000_000,
-            output_tokens: 0,
+            delta: tollgate::PerCurrency::from([0, -70_000_000_000_000, 0, 0]),
         };
         for i in 0..400 {
             at(&store, "debt", &limits, take.clone(), Some(1_000 + i))
@@ -116,9 +114,12 @@ fn random_and_extreme_operations_always_answer_quickly() {
             let pick = |r: &mut Lcg| extremes[(r.next_u64() % extremes.len() as u64) as usize];
             let op = match rng.next_u64() % 6 {
                 0 => Op::Adjust {
-                    requests: pick(&mut rng),
-                    tokens: pick(&mut rng),
-                    output_tokens: pick(&mut rng),
+                    delta: tollgate::PerCurrency::from([
+                        pick(&mut rng),
+                        pick(&mut rng),
+                        pick(&mut rng),
+                        pick(&mut rng),
+                    ]),
                 },
                 1 => Op::Penalize {
                     spent: tollgate::Currencies::ALL,

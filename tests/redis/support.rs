@@ -53,9 +53,7 @@ pub async fn adjust_at(
     now_ms: Option<u64>,
 ) -> Result<(), Error> {
     let op = Op::Adjust {
-        requests: 0,
-        tokens,
-        output_tokens: 0,
+        delta: tollgate::PerCurrency::from([0, tokens, 0, 0]),
     };
     at(store, key, limits, op, now_ms).await.map(|_| ())
 }

@@ -15,18 +15,22 @@
 -- ARGV[4]  the number of windows k (1 to 32)
 -- ARGV[5]  the lease of a ticket in milliseconds: how long past its due time it is kept
 --          without its holder asking for it
--- then for each window, four integers: its currency (1 requests, 2 tokens, 3 output tokens),
+-- then for each window, four integers: its currency (1 requests, 2 tokens, 3 output tokens,
+--          4 spend),
 --          scale S (units per token), refill n (units per millisecond), capacity C = burst * S
 -- then the operation's own arguments:
---   acquire   requests, tokens, output tokens, max wait in ms (-1: none), fly (0 or 1)
+--   acquire   requests, tokens, output tokens, spend, max wait in ms (-1: none), fly (0 or 1)
 --   admit     ticket id, fly (0 or 1)
 --   cancel    ticket id
---   adjust    requests, tokens, output tokens to add (negative: to take)
---   penalize  the pause in milliseconds, the spent currencies (a mask: 1, 2, 4)
+--   adjust    requests, tokens, output tokens, spend to add (negative: to take)
+--   penalize  the pause in milliseconds, the spent currencies (a mask: 1, 2, 4, 8)
 --   lower     currency, remaining tokens
---   sync      flight, charged (3), remaining (3, -1: not said), foreign (3), returnable (3),
---             margin (3), margin only where more is found (3, 0 or 1), refused (0 or 1)
---   settle    flight, charged (3), used (3, -1: as charged), last (0 or 1)
+--   sync      flight, charged (4), remaining (4, -1: not said), foreign (4), returnable (4),
+--             margin (4), margin only where more is found (4, 0 or 1), refused (0: no; 16 +
+--             the mask of the currencies given back)
+--   settle    flight, charged (4), used (4, -1: as charged), last (0 or 1)
+--
+-- Per-currency lists have NC = 4 entries, in the order requests, tokens, output tokens, spend.
 --
 -- Time: the rule book counts nanoseconds, the script milliseconds (the server's TIME,
 -- truncated); on whole milliseconds the two agree exactly, and a hint rounded up to the
@@ -40,21 +44,22 @@
 -- bounded (MAX_QUEUE, MAX_FLIGHTS); no correction loop depends on a value.
 --
 -- Hash fields: sig (the limits), t (time of the real levels), p (end of a pause), l1..lk (real
--- levels in units), n (the next ticket id), pq1..pq3 (what the tickets will pay, per currency),
+-- levels in units), n (the next ticket id), pq1..pq4 (what the tickets will pay, per currency),
 -- st and s1..sk (the shadow: the levels once every ticket has paid, as of the last one's due
 -- time; absent when it must be rebuilt), ql (the latest lease of any ticket), and for each
--- ticket q<id> = "due lease requests tokens output_tokens". Calls in flight: fn (the next
--- flight's number), ff (the first one remembered), fa (when the last one went out),
--- f<id> = "at requests tokens output_tokens done level1 level2 level3 corrected1 corrected2
--- corrected3", c1..c3 (the cover), cv (the last call it covers) and k1..k3 (the tokens
--- corrected for spending elsewhere so far).
+-- ticket q<id> = "due lease requests tokens output_tokens spend". Calls in flight: fn (the
+-- next flight's number), ff (the first one remembered), fa (when the last one went out),
+-- f<id> = "at charged1..charged4 done level1..level4 corrected1..corrected4", c1..c4 (the
+-- cover), cv (the last call it covers) and k1..k4 (the tokens corrected for spending elsewhere
+-- so far). Records written before spend was a currency (three per currency) read with a spend
+-- of 0.
 --
 -- Replies: {"ok", now} | {"flying", id, now} | {"queued", id, due_in, now} |
 --          {"wait", ms, now} | {"behind", ms, now} | {"lost", now} | {"done", now} |
---          {"full", now} | {"lowered", above, now} | {"emptied", e1, e2, e3, now} |
---          {"synced", above (3), spent (3) ("" when not read), ambiguous, since, lowered (3),
---           returned (3), now} |
---          {"settled", d1, d2, d3, now} | {"levels", now, l1, ..} | {"conflict", sig}
+--          {"full", now} | {"lowered", above, now} | {"emptied", e1..e4, now} |
+--          {"synced", above (4), spent (4) ("" when not read), ambiguous, since, lowered (4),
+--           returned (4), now} |
+--          {"settled", d1..d4, now} | {"levels", now, l1, ..} | {"conflict", sig}
 
 local hash = KEYS[1]
 local queue = KEYS[2]
@@ -66,6 +71,21 @@ local SCAN_AHEAD = {{SCAN_AHEAD}}
 local MAX_FLIGHTS = {{MAX_FLIGHTS}}
 local FLIGHT_LEASE = {{FLIGHT_LEASE_MS}}
 local SKEW = {{SEND_SKEW_MS}}
+local NC = 4
+
+-- A fresh list of NC zeros.
+local function zeros()
+  local z = {}
+  for c = 1, NC do z[c] = 0 end
+  return z
+end
+
+-- A copy of a per-currency list.
+local function copy(list)
+  local out = {}
+  for c = 1, NC do out[c] = list[c] end
+  return out
+end
 
 local function fail(what)
   return redis.error_reply('ERR tollgate: ' .. what)
@@ -93,10 +113,10 @@ if k == nil or lease == nil then
 end
 
 local w = {}
-local has = {false, false, false}
+local has = {false, false, false, false}
 for i = 1, k do
   local b = 5 + (i - 1) * 4
-  local cur = int(ARGV[b + 1], 1, 3)
+  local cur = int(ARGV[b + 1], 1, NC)
   local scale = int(ARGV[b + 2], 1, MAX_CAP)
   local rate = int(ARGV[b + 3], 1, MAX_CAP)
   local cap = int(ARGV[b + 4], 1, MAX_CAP)
@@ -116,8 +136,12 @@ for i = 1, k do
 end
 
 -- The key's fields, read in one call.
-local names = {'sig', 't', 'p', 'pq1', 'pq2', 'pq3', 'fn', 'ff', 'c1', 'c2', 'c3', 'cv', 'k1',
-  'k2', 'k3'}
+local names = {'sig', 't', 'p', 'fn', 'ff', 'cv'}
+for c = 1, NC do
+  names[#names + 1] = 'pq' .. c
+  names[#names + 1] = 'c' .. c
+  names[#names + 1] = 'k' .. c
+end
 for i = 1, k do names[#names + 1] = 'l' .. i end
 local read = redis.call('HMGET', hash, unpack(names))
 local fields = {}
@@ -166,13 +190,17 @@ local levels = {}
 for i = 1, k do
   levels[i] = field('l' .. i, -DEBT * w[i].cap, w[i].cap, w[i].cap)
 end
-local pq = {field('pq1', 0, MAX, 0), field('pq2', 0, MAX, 0), field('pq3', 0, MAX, 0)}
+local pq = {}
+for c = 1, NC do pq[c] = field('pq' .. c, 0, MAX, 0) end
 -- Calls in flight: the numbers ff .. fn - 1 are remembered (none when ff = fn).
 local fnext = field('fn', 1, MAX, 1)
 local ffirst = field('ff', 1, MAX, fnext)
-local cover = {field('c1', 0, MAX, 0), field('c2', 0, MAX, 0), field('c3', 0, MAX, 0)}
+local cover, corrected = {}, {}
+for c = 1, NC do
+  cover[c] = field('c' .. c, 0, MAX, 0)
+  corrected[c] = field('k' .. c, -MAX, MAX, 0)
+end
 local covers = field('cv', 0, MAX, 0)
-local corrected = {field('k1', -MAX, MAX, 0), field('k2', -MAX, MAX, 0), field('k3', -MAX, MAX, 0)}
 if bad_field then
   return fail('the stored field ' .. bad_field .. ' is out of range')
 end
@@ -273,7 +301,12 @@ local function decode_ticket(id, data)
   for part in string.gmatch(data, '%S+') do
     f[#f + 1] = tonumber(part)
   end
-  return {id = id, due = f[1], lease = f[2], cost = {f[3], f[4], f[5]}}
+  return {id = id, due = f[1], lease = f[2], cost = {f[3], f[4], f[5], f[6] or 0}}
+end
+
+local function encode_ticket(due, until_ms, cost)
+  return string.format('%.0f %.0f %.0f %.0f %.0f %.0f', due, until_ms, cost[1], cost[2], cost[3],
+    cost[4])
 end
 
 local function parse_ticket(id)
@@ -296,7 +329,7 @@ end
 local function forget_ticket(t)
   redis.call('ZREM', queue, t.id)
   redis.call('HDEL', hash, 'q' .. t.id)
-  for c = 1, 3 do
+  for c = 1, NC do
     pq[c] = pq[c] - t.cost[c]
     if pq[c] < 0 then pq[c] = 0 end
   end
@@ -344,7 +377,7 @@ local function shadow()
   for j = 1, #ids do
     local t = tickets[j]
     if t ~= nil then
-      local due = at + wait_all(lv, {0, 0, 0}, t.cost)
+      local due = at + wait_all(lv, zeros(), t.cost)
       for i = 1, k do lv[i] = refill(i, lv[i], due - at) end
       at = due
       charge(lv, t.cost)
@@ -384,16 +417,22 @@ local function decode_flight(id, data)
   for part in string.gmatch(data, '%S+') do
     f[#f + 1] = tonumber(part)
   end
-  return {id = id, at = f[1], charged = {f[2], f[3], f[4]}, done = f[5] == 1,
-    level = {f[6], f[7], f[8]}, corrected = {f[9], f[10], f[11]}}
+  if #f == 11 then
+    -- Written before spend was a currency: three per currency, spend 0.
+    return {id = id, at = f[1], charged = {f[2], f[3], f[4], 0}, done = f[5] == 1,
+      level = {f[6], f[7], f[8], 0}, corrected = {f[9], f[10], f[11], 0}}
+  end
+  return {id = id, at = f[1], charged = {f[2], f[3], f[4], f[5]}, done = f[6] == 1,
+    level = {f[7], f[8], f[9], f[10]}, corrected = {f[11], f[12], f[13], f[14]}}
 end
 
 local function encode_flight(f)
-  local done = 0
-  if f.done then done = 1 end
-  return string.format('%.0f %.0f %.0f %.0f %d %.0f %.0f %.0f %.0f %.0f %.0f', f.at,
-    f.charged[1], f.charged[2], f.charged[3], done, f.level[1], f.level[2], f.level[3],
-    f.corrected[1], f.corrected[2], f.corrected[3])
+  local parts = {fmt(f.at)}
+  for c = 1, NC do parts[#parts + 1] = fmt(f.charged[c]) end
+  if f.done then parts[#parts + 1] = '1' else parts[#parts + 1] = '0' end
+  for c = 1, NC do parts[#parts + 1] = fmt(f.level[c]) end
+  for c = 1, NC do parts[#parts + 1] = fmt(f.corrected[c]) end
+  return table.concat(parts, ' ')
 end
 
 local function read_flight(id)
@@ -412,8 +451,10 @@ local function prune()
     flights_changed = true
   end
   if ffirst >= fnext or ffirst > covers then
-    if cover[1] ~= 0 or cover[2] ~= 0 or cover[3] ~= 0 then flights_changed = true end
-    cover = {0, 0, 0}
+    for c = 1, NC do
+      if cover[c] ~= 0 then flights_changed = true end
+    end
+    cover = zeros()
   end
 end
 
@@ -427,12 +468,12 @@ local function fly(cost)
   end
   local id = fnext
   fnext = fnext + 1
-  local level = {0, 0, 0}
-  for c = 1, 3 do
+  local level = zeros()
+  for c = 1, NC do
     if tightest[c] ~= nil then level[c] = levels[tightest[c]] end
   end
   local record = {at = now, charged = cost, done = false, level = level,
-    corrected = {corrected[1], corrected[2], corrected[3]}}
+    corrected = copy(corrected)}
   redis.call('HSET', hash, 'f' .. fmt(id), encode_flight(record), 'fa', fmt(now))
   flights_changed = true
   return id
@@ -441,14 +482,14 @@ end
 -- What the calls that went out within the skew of `f`, before or after it, were charged, per
 -- currency, and whether there were any.
 local function close_to(f)
-  local close = {0, 0, 0}
+  local close = zeros()
   local ambiguous = false
   local id = f.id - 1
   while id >= ffirst do
     local o = read_flight(id)
     if o == nil or o.at + SKEW < f.at then break end
     ambiguous = true
-    for c = 1, 3 do close[c] = close[c] + o.charged[c] end
+    for c = 1, NC do close[c] = close[c] + o.charged[c] end
     id = id - 1
   end
   id = f.id + 1
@@ -456,7 +497,7 @@ local function close_to(f)
     local o = read_flight(id)
     if o == nil or o.at > f.at + SKEW then break end
     ambiguous = true
-    for c = 1, 3 do close[c] = close[c] + o.charged[c] end
+    for c = 1, NC do close[c] = close[c] + o.charged[c] end
     id = id + 1
   end
   return close, ambiguous
@@ -464,19 +505,29 @@ end
 
 local function save_flights()
   if flights_gone then
-    redis.call('HDEL', hash, 'fn', 'ff', 'fa', 'c1', 'c2', 'c3', 'cv', 'k1', 'k2', 'k3')
+    local gone = {'fn', 'ff', 'fa', 'cv'}
+    for c = 1, NC do
+      gone[#gone + 1] = 'c' .. c
+      gone[#gone + 1] = 'k' .. c
+    end
+    redis.call('HDEL', hash, unpack(gone))
     return
   end
   if not flights_changed then return end
-  redis.call('HSET', hash, 'fn', fmt(fnext), 'ff', fmt(ffirst), 'c1', fmt(cover[1]),
-    'c2', fmt(cover[2]), 'c3', fmt(cover[3]), 'cv', fmt(covers), 'k1', fmt(corrected[1]),
-    'k2', fmt(corrected[2]), 'k3', fmt(corrected[3]))
+  local out = {'fn', fmt(fnext), 'ff', fmt(ffirst), 'cv', fmt(covers)}
+  for c = 1, NC do
+    out[#out + 1] = 'c' .. c
+    out[#out + 1] = fmt(cover[c])
+    out[#out + 1] = 'k' .. c
+    out[#out + 1] = fmt(corrected[c])
+  end
+  redis.call('HSET', hash, unpack(out))
 end
 
 local function store()
   save_flights()
   local out = {'sig', sig, 't', fmt(now), 'p', fmt(paused_until)}
-  for c = 1, 3 do
+  for c = 1, NC do
     table.insert(out, 'pq' .. c)
     table.insert(out, fmt(pq[c]))
   end
@@ -512,7 +563,7 @@ end
 
 local function cost_args(from, lo)
   local cost = {}
-  for c = 1, 3 do
+  for c = 1, NC do
     cost[c] = int(ARGV[from + c - 1], lo, MAX)
     if cost[c] == nil then return nil end
   end
@@ -539,8 +590,8 @@ end
 
 if op == 'acquire' then
   local cost = cost_args(args + 1, 0)
-  local max_wait = int(ARGV[args + 4], -1, MAX)
-  local flying = int(ARGV[args + 5], 0, 1)
+  local max_wait = int(ARGV[args + NC + 1], -1, MAX)
+  local flying = int(ARGV[args + NC + 2], 0, 1)
   if cost == nil or max_wait == nil or flying == nil then
     return fail('bad cost or max wait')
   end
@@ -562,7 +613,7 @@ if op == 'acquire' then
   if now > start then start = now end
   if paused_until > start then start = paused_until end
   for i = 1, k do lv[i] = refill(i, lv[i], start - at) end
-  local due = start + wait_all(lv, {0, 0, 0}, cost)
+  local due = start + wait_all(lv, zeros(), cost)
   local queued = redis.call('ZCARD', queue)
   if max_wait >= 0 and due - now > max_wait then
     store()
@@ -581,10 +632,9 @@ if op == 'acquire' then
   redis.call('HSET', hash, 'n', fmt(id + 1))
   local idtext = fmt(id)
   redis.call('ZADD', queue, id, idtext)
-  redis.call('HSET', hash, 'q' .. idtext,
-    string.format('%.0f %.0f %.0f %.0f %.0f', due, due + lease, cost[1], cost[2], cost[3]))
+  redis.call('HSET', hash, 'q' .. idtext, encode_ticket(due, due + lease, cost))
   note_lease(due + lease)
-  for c = 1, 3 do pq[c] = pq[c] + cost[c] end
+  for c = 1, NC do pq[c] = pq[c] + cost[c] end
   store()
   save_shadow(due, lv)
   return {'queued', idtext, due - now, now}
@@ -607,7 +657,7 @@ elseif op == 'admit' then
   -- Only the nearest tickets ahead are looked at, so that asking costs the same however long
   -- the line; lapsed ones among them are dropped now (they would only block this one). With
   -- more ahead, this ticket can't pass yet, and their cost is a lower bound.
-  local ahead = {0, 0, 0}
+  local ahead = zeros()
   local behind = false
   local nearest = redis.call('ZREVRANGEBYSCORE', queue, '(' .. t.id, '-inf', 'LIMIT', 0, SCAN_AHEAD + 1)
   local unseen = #nearest > SCAN_AHEAD
@@ -622,7 +672,7 @@ elseif op == 'admit' then
       drop_shadow()
     else
       behind = true
-      for c = 1, 3 do ahead[c] = ahead[c] + o.cost[c] end
+      for c = 1, NC do ahead[c] = ahead[c] + o.cost[c] end
     end
   end
   local wait = wait_all(levels, ahead, t.cost)
@@ -641,7 +691,7 @@ elseif op == 'admit' then
     -- its way to the front, not once per call ahead of it.
     local count = redis.call('ZCOUNT', queue, '-inf', '(' .. t.id)
     local guess = {}
-    for c = 1, 3 do guess[c] = math.floor(ahead[c] * count / (2 * SCAN_AHEAD)) end
+    for c = 1, NC do guess[c] = math.floor(ahead[c] * count / (2 * SCAN_AHEAD)) end
     local again = wait_all(levels, guess, t.cost)
     for i = 1, k do
       local refill_ms = wait_for(i, 0, units(i, t.cost[w[i].cur]))
@@ -653,8 +703,7 @@ elseif op == 'admit' then
     ready = now + wait
   end
   if ready + lease > t.lease then
-    redis.call('HSET', hash, 'q' .. t.id,
-      string.format('%.0f %.0f %.0f %.0f %.0f', t.due, ready + lease, t.cost[1], t.cost[2], t.cost[3]))
+    redis.call('HSET', hash, 'q' .. t.id, encode_ticket(t.due, ready + lease, t.cost))
     note_lease(ready + lease)
   end
   store()
@@ -674,7 +723,7 @@ elseif op == 'cancel' then
   return {'done', now}
 elseif op == 'adjust' then
   local delta = {}
-  for c = 1, 3 do
+  for c = 1, NC do
     delta[c] = int(ARGV[args + c], -MAX, MAX)
     if delta[c] == nil then return fail('bad adjustment') end
   end
@@ -683,10 +732,10 @@ elseif op == 'adjust' then
   return {'done', now}
 elseif op == 'penalize' then
   local pause = int(ARGV[args + 1], 0, MAX - now)
-  local spent = int(ARGV[args + 2], 0, 7)
+  local spent = int(ARGV[args + 2], 0, 15)
   if pause == nil or spent == nil then return fail('bad pause') end
-  local bit = {1, 2, 4}
-  local emptied = {-1, -1, -1}
+  local bit = {1, 2, 4, 8}
+  local emptied = {-1, -1, -1, -1}
   for i = 1, k do
     local c = w[i].cur
     if math.floor(spent / bit[c]) % 2 == 1 then
@@ -696,13 +745,13 @@ elseif op == 'penalize' then
       if levels[i] > 0 then levels[i] = 0 end
     end
   end
-  for c = 1, 3 do
+  for c = 1, NC do
     if emptied[c] < 0 then emptied[c] = 0 end
   end
   if now + pause > paused_until then paused_until = now + pause end
   if ffirst < fnext then
     covers = fnext - 1
-    for c = 1, 3 do
+    for c = 1, NC do
       if math.floor(spent / bit[c]) % 2 == 1 then
         cover[c] = emptied[c]
         -- What the windows held, the provider says is spent: taken off for spending
@@ -714,9 +763,9 @@ elseif op == 'penalize' then
   end
   drop_shadow()
   store()
-  return {'emptied', emptied[1], emptied[2], emptied[3], now}
+  return {'emptied', emptied[1], emptied[2], emptied[3], emptied[4], now}
 elseif op == 'lower' then
-  local cur = int(ARGV[args + 1], 1, 3)
+  local cur = int(ARGV[args + 1], 1, NC)
   local remaining = int(ARGV[args + 2], 0, MAX)
   if cur == nil or remaining == nil then return fail('bad currency or count') end
   -- How far above `remaining` the window closest to it was (negative: below).
@@ -738,49 +787,54 @@ elseif op == 'lower' then
 elseif op == 'sync' then
   local id = int(ARGV[args + 1], 0, MAX)
   local charged = cost_args(args + 2, 0)
-  local remaining = cost_args(args + 5, -1)
-  local foreign = cost_args(args + 8, 0)
-  local returnable = cost_args(args + 11, 0)
-  local margin = cost_args(args + 14, 0)
-  local if_more = {int(ARGV[args + 17], 0, 1), int(ARGV[args + 18], 0, 1), int(ARGV[args + 19], 0, 1)}
-  -- 0: not refused; 8 + a mask of the currencies given back (requests 1, tokens 2, output 4).
-  local refused = int(ARGV[args + 20], 0, 15)
+  local remaining = cost_args(args + 2 + NC, -1)
+  local foreign = cost_args(args + 2 + 2 * NC, 0)
+  local returnable = cost_args(args + 2 + 3 * NC, 0)
+  local margin = cost_args(args + 2 + 4 * NC, 0)
+  local if_more = cost_args(args + 2 + 5 * NC, 0)
+  -- 0: not refused; 16 + a mask of the currencies given back (requests 1, tokens 2, output 4,
+  -- spend 8).
+  local refused = int(ARGV[args + 2 + 6 * NC], 0, 31)
   if id == nil or charged == nil or remaining == nil or foreign == nil or returnable == nil
-    or margin == nil or if_more[1] == nil or if_more[2] == nil or if_more[3] == nil
-    or refused == nil then
+    or margin == nil or if_more == nil or refused == nil then
     return fail('bad sync')
   end
-  apply({-foreign[1], -foreign[2], -foreign[3]})
+  for c = 1, NC do
+    if if_more[c] > 1 then return fail('bad sync') end
+  end
+  local taken = {}
+  for c = 1, NC do taken[c] = -foreign[c] end
+  apply(taken)
   local tracked = ffirst < fnext
   if tracked then
-    for c = 1, 3 do corrected[c] = corrected[c] + foreign[c] end
+    for c = 1, NC do corrected[c] = corrected[c] + foreign[c] end
     flights_changed = true
   end
   local f = read_flight(id)
-  local before, ambiguous = {0, 0, 0}, true
+  local before, ambiguous = zeros(), true
   if f ~= nil then before, ambiguous = close_to(f) end
   local own = charged
-  if f ~= nil then own = {f.charged[1], f.charged[2], f.charged[3]} end
-  local back = {false, false, false}
-  if refused >= 8 then
-    local mask = refused - 8
-    back = {mask % 2 == 1, math.floor(mask / 2) % 2 == 1, math.floor(mask / 4) % 2 == 1}
+  if f ~= nil then own = copy(f.charged) end
+  local back = {false, false, false, false}
+  if refused >= 16 then
+    local mask = refused - 16
+    for c = 1, NC do back[c] = math.floor(mask / 2 ^ (c - 1)) % 2 == 1 end
     -- The provider refused the call and counted nothing of it in the currencies it gives
     -- back: what it was charged there comes back, and it is done.
-    local give = {0, 0, 0}
-    for c = 1, 3 do if back[c] then give[c] = own[c] end end
+    local give = zeros()
+    for c = 1, NC do if back[c] then give[c] = own[c] end end
     apply(give)
     if f ~= nil then
-      for c = 1, 3 do if back[c] then f.charged[c] = 0 end end
+      for c = 1, NC do if back[c] then f.charged[c] = 0 end end
       f.done = true
       redis.call('HSET', hash, 'f' .. fmt(f.id), encode_flight(f))
     end
   end
-  local above = {nil, nil, nil}
-  local spent = {nil, nil, nil}
-  local lowered = {0, 0, 0}
-  local returned = {0, 0, 0}
-  for c = 1, 3 do
+  local above = {}
+  local spent = {}
+  local lowered = zeros()
+  local returned = zeros()
+  for c = 1, NC do
     local t = tightest[c]
     if remaining[c] >= 0 and t ~= nil then
       local r = remaining[c]
@@ -824,7 +878,7 @@ elseif op == 'sync' then
             cover[c] = covered
             covers = f.id
           end
-          local delta = {0, 0, 0}
+          local delta = zeros()
           delta[c] = -take
           apply(delta)
           flights_changed = true
@@ -834,7 +888,7 @@ elseif op == 'sync' then
           if back > 0 then
             corrected[c] = corrected[c] - back
             returned[c] = back
-            local delta = {0, 0, 0}
+            local delta = zeros()
             delta[c] = back
             apply(delta)
             flights_changed = true
@@ -845,32 +899,32 @@ elseif op == 'sync' then
   end
   local since_ms = 0
   if f ~= nil then since_ms = now - f.at end
-  if refused >= 8 and ffirst < fnext then
+  if refused >= 16 and ffirst < fnext then
     prune()
     if ffirst >= fnext then flights_gone = true end
   end
   drop_shadow()
   store()
   local reply = {'synced'}
-  for c = 1, 3 do
+  for c = 1, NC do
     if above[c] == nil then table.insert(reply, '') else table.insert(reply, above[c]) end
   end
-  for c = 1, 3 do
+  for c = 1, NC do
     if spent[c] == nil then table.insert(reply, '') else table.insert(reply, spent[c]) end
   end
   local amb = 0
   if ambiguous then amb = 1 end
   table.insert(reply, amb)
   table.insert(reply, since_ms)
-  for c = 1, 3 do table.insert(reply, lowered[c]) end
-  for c = 1, 3 do table.insert(reply, returned[c]) end
+  for c = 1, NC do table.insert(reply, lowered[c]) end
+  for c = 1, NC do table.insert(reply, returned[c]) end
   table.insert(reply, now)
   return reply
 elseif op == 'settle' then
   local id = int(ARGV[args + 1], 0, MAX)
   local charged = cost_args(args + 2, 0)
-  local used = cost_args(args + 5, -1)
-  local is_last = int(ARGV[args + 8], 0, 1)
+  local used = cost_args(args + 2 + NC, -1)
+  local is_last = int(ARGV[args + 2 + 2 * NC], 0, 1)
   if id == nil or charged == nil or used == nil or is_last == nil then
     return fail('bad settlement')
   end
@@ -881,8 +935,8 @@ elseif op == 'settle' then
     was = f.charged
     coverable = f.id <= covers
   end
-  local delta = {0, 0, 0}
-  for c = 1, 3 do
+  local delta = zeros()
+  for c = 1, NC do
     if used[c] >= 0 and has[c] then
       local difference = was[c] - used[c]
       if difference >= 0 then
@@ -911,7 +965,7 @@ elseif op == 'settle' then
   end
   apply(delta)
   store()
-  return {'settled', delta[1], delta[2], delta[3], now}
+  return {'settled', delta[1], delta[2], delta[3], delta[4], now}
 elseif op == 'snapshot' then
   local reply = {'levels', now}
   for i = 1, k do

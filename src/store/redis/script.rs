@@ -6,7 +6,7 @@ use redis::Value;
 use std::sync::LazyLock;
 
 use crate::bucket::{self, Amount, Available};
-use crate::rate::{Currency, Limits, Rate};
+use crate::rate::{Currency, Limits, PerCurrency, Rate};
 use crate::store::Op;
 
 /// The script as written: constants in double braces are filled in from Rust's.
@@ -56,12 +56,9 @@ fn gcd(a: u128, b: u128) -> u128 {
     if b == 0 { a } else { gcd(b, a % b) }
 }
 
+/// The currency's number in the script (Lua counts from 1).
 fn number(currency: Currency) -> u8 {
-    match currency {
-        Currency::Requests => 1,
-        Currency::Tokens => 2,
-        Currency::OutputTokens => 3,
-    }
+    currency.index() as u8 + 1
 }
 
 /// A window in the script's terms, or why the script can't keep it exactly.
@@ -110,26 +107,20 @@ pub(super) fn op_args(op: &Op) -> (&'static str, Vec<i64>) {
             cost,
             max_wait,
             fly,
-        } => (
-            "acquire",
-            vec![
-                amount(cost.requests),
-                amount(cost.tokens),
-                amount(cost.output_tokens),
-                max_wait.map_or(-1, |d| ms_floor(d).min(MAX_EXACT)),
-                flag(fly),
-            ],
-        ),
+        } => ("acquire", {
+            let mut args: Vec<i64> = cost
+                .per_currency()
+                .values()
+                .iter()
+                .map(|n| amount(*n))
+                .collect();
+            args.push(max_wait.map_or(-1, |d| ms_floor(d).min(MAX_EXACT)));
+            args.push(flag(fly));
+            args
+        }),
         Op::Admit { ticket, fly } => ("admit", vec![amount(ticket.id()), flag(fly)]),
         Op::Cancel { ticket } => ("cancel", vec![amount(ticket.id())]),
-        Op::Adjust {
-            requests,
-            tokens,
-            output_tokens,
-        } => (
-            "adjust",
-            vec![exact(requests), exact(tokens), exact(output_tokens)],
-        ),
+        Op::Adjust { delta } => ("adjust", delta.values().iter().map(|d| exact(*d)).collect()),
         Op::Penalize { pause, spent } => {
             // Whole milliseconds, rounded up: never shorter than the provider asked.
             let ms = pause.as_nanos().div_ceil(1_000_000).min(MAX_PAUSE_MS);
@@ -144,13 +135,14 @@ pub(super) fn op_args(op: &Op) -> (&'static str, Vec<i64>) {
         ),
         Op::Sync(ref sync) => {
             let mut args = vec![amount(sync.flight)];
-            args.extend(bucket::per_currency(sync.charged).map(amount));
-            args.extend(sync.remaining.map(maybe));
-            args.extend(sync.foreign.map(amount));
-            args.extend(sync.returnable.map(amount));
-            args.extend(sync.margin.map(amount));
-            args.extend(sync.margin_if_above.map(flag));
-            args.push(sync.refused.map_or(0, |back| 8 + i64::from(back.bits())));
+            args.extend(sync.charged.per_currency().map(amount).values());
+            args.extend(sync.remaining.map(maybe).values());
+            args.extend(sync.foreign.map(amount).values());
+            args.extend(sync.returnable.map(amount).values());
+            args.extend(sync.margin.map(amount).values());
+            args.extend(sync.margin_if_above.map(flag).values());
+            // 16 says "refused"; the bits below it, the currencies given back.
+            args.push(sync.refused.map_or(0, |back| 16 + i64::from(back.bits())));
             ("sync", args)
         }
         Op::Settle {
@@ -160,8 +152,8 @@ pub(super) fn op_args(op: &Op) -> (&'static str, Vec<i64>) {
             last,
         } => {
             let mut args = vec![amount(flight)];
-            args.extend(bucket::per_currency(charged).map(amount));
-            args.extend(used.map(maybe));
+            args.extend(charged.per_currency().map(amount).values());
+            args.extend(used.map(maybe).values());
             args.push(flag(last));
             ("settle", args)
         }
@@ -195,7 +187,7 @@ pub(super) enum Reply {
         now_ms: u64,
     },
     Emptied {
-        emptied: [u64; 3],
+        emptied: PerCurrency<u64>,
         now_ms: u64,
     },
     Synced {
@@ -203,7 +195,7 @@ pub(super) enum Reply {
         now_ms: u64,
     },
     Settled {
-        delta: [i64; 3],
+        delta: PerCurrency<i64>,
         now_ms: u64,
     },
     Queued {
@@ -292,8 +284,8 @@ pub(super) fn parse_reply(value: Value) -> Option<Reply> {
         },
         "full" => Reply::Full { now_ms: uint(1)? },
         "emptied" => Reply::Emptied {
-            emptied: [uint(1)?, uint(2)?, uint(3)?],
-            now_ms: uint(4)?,
+            emptied: PerCurrency::from([uint(1)?, uint(2)?, uint(3)?, uint(4)?]),
+            now_ms: uint(5)?,
         },
         "synced" => {
             let maybe = |i: usize| match items.get(i) {
@@ -302,21 +294,21 @@ pub(super) fn parse_reply(value: Value) -> Option<Reply> {
                 None => None,
             };
             let synced = crate::store::Synced {
-                above: [maybe(1)?, maybe(2)?, maybe(3)?],
-                spent: [maybe(4)?, maybe(5)?, maybe(6)?],
-                ambiguous: uint(7)? == 1,
-                since: std::time::Duration::from_millis(uint(8)?),
-                lowered: [uint(9)?, uint(10)?, uint(11)?],
-                returned: [uint(12)?, uint(13)?, uint(14)?],
+                above: PerCurrency::from([maybe(1)?, maybe(2)?, maybe(3)?, maybe(4)?]),
+                spent: PerCurrency::from([maybe(5)?, maybe(6)?, maybe(7)?, maybe(8)?]),
+                ambiguous: uint(9)? == 1,
+                since: std::time::Duration::from_millis(uint(10)?),
+                lowered: PerCurrency::from([uint(11)?, uint(12)?, uint(13)?, uint(14)?]),
+                returned: PerCurrency::from([uint(15)?, uint(16)?, uint(17)?, uint(18)?]),
             };
             Reply::Synced {
                 synced,
-                now_ms: uint(15)?,
+                now_ms: uint(19)?,
             }
         }
         "settled" => Reply::Settled {
-            delta: [int(1)?, int(2)?, int(3)?],
-            now_ms: uint(4)?,
+            delta: PerCurrency::from([int(1)?, int(2)?, int(3)?, int(4)?]),
+            now_ms: uint(5)?,
         },
         "queued" => Reply::Queued {
             id: uint(1)?,
@@ -367,17 +359,26 @@ pub(super) fn available(windows: &[Scaled], levels: &[i64]) -> Option<Vec<Availa
 
 /// Reads back the canonical text `Limits` displays as, for a conflict message.
 pub(super) fn parse_stored_limits(text: &str) -> Option<Limits> {
-    let mut found = [""; 3];
+    let mut found = PerCurrency::splat("");
     for part in text.split(", ") {
-        for (i, currency) in Currency::ALL.iter().enumerate().rev() {
+        // "output tokens" before "tokens", which it ends with.
+        for currency in Currency::ALL.iter().rev() {
             if let Some(rest) = part.strip_prefix(&format!("{currency} ")) {
-                found[i] = rest;
+                found[*currency] = rest;
                 break;
             }
         }
     }
-    let rates = |t: &str| crate::rate::Rates::parse_or_none(t).ok();
-    Some(Limits::new(rates(found[0])?, rates(found[1])?).with_output_tokens(rates(found[2])?))
+    let mut limits = Limits::default();
+    for (currency, text) in found.iter() {
+        let rates = if currency == Currency::Spend {
+            crate::rate::Rates::parse_money(text).ok()?
+        } else {
+            crate::rate::Rates::parse_or_none(text).ok()?
+        };
+        limits = limits.with(currency, rates);
+    }
+    Some(limits)
 }
 
 #[cfg(test)]
@@ -419,6 +420,9 @@ mod tests {
             Limits::parse("50/m", "40000/m")
                 .unwrap()
                 .with_output_tokens("8000/m".parse::<Rate>().unwrap()),
+            Limits::parse("", "5/s")
+                .unwrap()
+                .with_spend(crate::rate::Rates::parse_money("$50/d; $2000/30d").unwrap()),
         ] {
             assert_eq!(parse_stored_limits(&limits.to_string()), Some(limits));
         }
