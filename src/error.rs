@@ -88,6 +88,19 @@ pub enum Error {
         requested: Limits,
     },
 
+    /// A call on a key with a spend budget, for a model with no known price: the budget can't
+    /// be kept for it. Give the model its price (`Profile::models`, or the proxy's model
+    /// table), or keep the budget on keys whose models are priced.
+    #[error(
+        "key `{key}`: the model `{model}` has no price, and the key keeps a spend budget; give the model its price (Profile::models, or the proxy's models table)"
+    )]
+    Unpriced {
+        /// The key.
+        key: String,
+        /// The model the request named (empty: none).
+        model: String,
+    },
+
     /// A limiter with no windows at all.
     #[error("key `{key}`: no limits given; give at least one request or token rate")]
     NoLimits {

@@ -161,6 +161,7 @@ pub(crate) fn refusal(shared: &Shared, upstream: &Upstreamed, err: &Error) -> Re
                 retry_after: Some(Duration::from_secs(1)),
             }
         }
+        Error::Unpriced { .. } => Refusal::new(Kind::Invalid, format!("tollgate-proxy: {err}")),
         Error::CostExceedsCapacity { .. } | Error::InvalidCost { .. } => Refusal::new(
             Kind::Invalid,
             format!("tollgate-proxy: this call can never pass: {err}"),
@@ -229,7 +230,9 @@ pub(crate) async fn prepare(
         if tenant.configured {
             upstream.saw_key(&key);
         }
-        let cost = gate.cost_of(attempts.estimated(), Some(limits));
+        let cost = gate
+            .cost_of(attempts.estimated(), Some(limits))
+            .map_err(|err| refusal(shared, upstream, &err))?;
         let permit = limiter
             .acquire_until(cost, attempts.deadline())
             .await

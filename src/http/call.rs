@@ -39,6 +39,8 @@ pub struct Call {
     /// The most its model can write (the profile's table), times the copies asked for.
     model_most: u64,
     model: Option<String>,
+    /// Its model's price, for spend budgets.
+    price: Option<super::models::Price>,
     /// The body to send in place of the caller's, when the gate changed it.
     send: Option<Bytes>,
     usage_added: bool,
@@ -176,6 +178,7 @@ impl Call {
             most_output: estimated.output,
             model_most: estimated.model_most,
             model: estimated.model.clone(),
+            price: estimated.price,
             send: estimated.send.clone(),
             usage_added: estimated.usage_added,
             extras: Vec::new(),
@@ -342,7 +345,9 @@ impl Call {
             );
         }
         if let LimitsFrom::Headers(period) = gate.limits
-            && let Err(err) = self.state.learn(self.gate.registry(), period, &read)
+            && let Err(err) =
+                self.state
+                    .learn(self.gate.registry(), period, &read, &self.gate.inner.spend)
         {
             self.failed("learning the limits", &err);
         }
@@ -686,6 +691,7 @@ impl Call {
         bound(&mut cut.input, input_most);
         bound(&mut cut.cache_write, input_most);
         bound(&mut cut.cache_read, input_most);
+        bound(&mut cut.cached, input_most);
         bound(&mut cut.output, output_most);
         bound(&mut cut.total, input_most.saturating_add(output_most));
         if clamped {
@@ -698,7 +704,13 @@ impl Call {
                 );
             }
         }
-        (cut.usage(profile, limits), clamped)
+        let mut usage = cut.usage(profile, limits);
+        if !limits.spend().is_empty()
+            && let Some(price) = self.price
+        {
+            usage = usage.with_spend(price.billed(&cut));
+        }
+        (usage, clamped)
     }
 }
 

@@ -50,6 +50,8 @@ pub(super) struct Inner {
     registry: Option<Arc<Registry>>,
     key: Arc<KeyFn>,
     pub(super) limits: LimitsFrom,
+    /// A budget every key keeps beside the limits learned from headers.
+    pub(super) spend: crate::Rates,
     pub(super) sync: bool,
     pub(super) foreign: bool,
     retries: u32,
@@ -117,6 +119,7 @@ pub struct GateBuilder {
     registry: Option<Arc<Registry>>,
     key: Option<Arc<KeyFn>>,
     limits: Option<LimitsFrom>,
+    spend: crate::Rates,
     sync: bool,
     foreign: bool,
     retries: u32,
@@ -148,6 +151,35 @@ impl GateBuilder {
     /// calls go one at a time. A limit of zero, or above a trillion, is not learned.
     pub fn limits_from_headers(mut self, period: Duration) -> GateBuilder {
         self.limits = Some(LimitsFrom::Headers(period));
+        self
+    }
+
+    /// A spend budget every key keeps, in micro-dollars (`Rates::parse_money("$50/d")`),
+    /// beside its limits (given, or learned from the headers): each call pays its price at
+    /// most when it is admitted (its model's prices, from the profile's table) and what its
+    /// usage is billed when it settles. A call whose model has no price is refused
+    /// ([`Error::Unpriced`]).
+    ///
+    /// ```
+    /// use tollgate::{Limits, Rates};
+    /// use tollgate::http::{Gate, Profile};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let gate = Gate::builder(Profile::openai())
+    ///     .limits(Limits::parse("500/m", "30000/m")?)
+    ///     .spend(Rates::parse_money("$5/d")?)
+    ///     .build()?;
+    /// let body = br#"{"model":"gpt-4o","max_tokens":100,"messages":[{"role":"user","content":"Hi"}]}"#;
+    /// let (parts, ()) = http::Request::post("https://api.openai.com/v1/chat/completions").body(())?.into_parts();
+    /// let call = gate.admit(&parts, body).await?;
+    /// // Its input at $2.50 a million and 100 output tokens at $10 a million, rounded up.
+    /// assert_eq!(call.cost().unwrap().spend, 1_020);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn spend(mut self, budget: crate::Rates) -> GateBuilder {
+        self.spend = budget;
         self
     }
 
@@ -243,9 +275,16 @@ impl GateBuilder {
         let limits = self.limits.clone().ok_or_else(no_limits)?;
         if let LimitsFrom::Fixed(limits) = &limits
             && limits.is_empty()
+            && self.spend.is_empty()
         {
             return Err(no_limits());
         }
+        let limits = match limits {
+            LimitsFrom::Fixed(limits) if !self.spend.is_empty() => {
+                LimitsFrom::Fixed(limits.with_spend(self.spend.clone()))
+            }
+            other => other,
+        };
         let estimator = crate::counting::estimator_named(self.profile.estimator_name())?;
         let key = self.key.unwrap_or_else(|| {
             let name = self.profile.name().to_owned();
@@ -263,6 +302,7 @@ impl GateBuilder {
                 registry: self.registry,
                 key,
                 limits,
+                spend: self.spend,
                 sync: self.sync,
                 foreign: self.foreign,
                 retries: self.retries,
@@ -286,6 +326,7 @@ impl Gate {
             registry: None,
             key: None,
             limits: None,
+            spend: crate::Rates::none(),
             sync: true,
             foreign: true,
             retries: 3,
@@ -471,6 +512,10 @@ impl Gate {
             .profile
             .output_without_max_tokens(model.as_deref())
             .saturating_mul(copies);
+        let price = model
+            .as_deref()
+            .and_then(|m| self.inner.profile.model(m))
+            .and_then(|m| m.price);
         Ok(Estimated {
             key,
             model,
@@ -481,14 +526,20 @@ impl Gate {
             model_most,
             send: with_usage.or(read.decoded),
             usage_added,
+            price,
         })
     }
 
     /// What an estimated request costs on a key with `limits` (`None`: before any limits are
-    /// known): its input, plus its output where the profile charges it. A reservation the
-    /// request did not ask for (no `max_tokens`) is cut to what the key's windows can hold
-    /// beside its input, so that a call naming none is never refused as too large for them.
-    pub fn cost_of(&self, estimated: &Estimated, limits: Option<&Limits>) -> Cost {
+    /// known): its input, plus its output where the profile charges it, and, where the key
+    /// keeps a spend budget, its price at most (its input and reserved output at its model's
+    /// prices). A reservation the request did not ask for (no `max_tokens`) is cut to what the
+    /// key's windows can hold beside its input, so that a call naming none is never refused as
+    /// too large for them.
+    ///
+    /// Fails with [`Error::Unpriced`] when the key keeps a spend budget and the profile has no
+    /// price for the request's model: a budget can't be kept for a call nobody can price.
+    pub fn cost_of(&self, estimated: &Estimated, limits: Option<&Limits>) -> Result<Cost, Error> {
         let smallest = |currency: Currency| {
             limits.and_then(|l| l.of(currency).as_slice().iter().map(|r| r.burst()).min())
         };
@@ -497,17 +548,34 @@ impl Gate {
             Some(room) if !estimated.explicit => output.min(room),
             _ => output,
         };
-        match self.inner.profile.output {
+        let (cost, output) = match self.inner.profile.output {
             OutputTo::Tokens => {
                 let room = smallest(Currency::Tokens).map(|cap| cap.saturating_sub(input));
-                Cost::call(input.saturating_add(fit(estimated.output, room)))
+                let output = fit(estimated.output, room);
+                (Cost::call(input.saturating_add(output)), output)
             }
             OutputTo::OutputTokens if limits.is_none_or(|l| !l.output_tokens().is_empty()) => {
-                let room = smallest(Currency::OutputTokens);
-                Cost::call(input).with_output_tokens(fit(estimated.output, room))
+                let output = fit(estimated.output, smallest(Currency::OutputTokens));
+                (Cost::call(input).with_output_tokens(output), output)
             }
-            OutputTo::OutputTokens | OutputTo::Nowhere => Cost::call(input),
-        }
+            OutputTo::OutputTokens => (Cost::call(input), estimated.output),
+            OutputTo::Nowhere => (Cost::call(input), 0),
+        };
+        let Some(limits) = limits.filter(|l| !l.spend().is_empty()) else {
+            return Ok(cost);
+        };
+        let price = estimated.price.ok_or_else(|| Error::Unpriced {
+            key: estimated.key.clone(),
+            model: estimated.model.clone().unwrap_or_default(),
+        })?;
+        let spend = price.estimate(input, output);
+        // Never refused as too large for the budget when the reservation was not asked for:
+        // a call that names no max_tokens reserves what the budget can hold.
+        let spend = match limits.spend().capacity() {
+            Some(cap) if !estimated.explicit => spend.min(cap.max(price.estimate(input, 0))),
+            _ => spend,
+        };
+        Ok(cost.with_spend(spend))
     }
 
     /// Finds the request's key and cost, and waits for its toll (or, on a key whose limits are
@@ -552,7 +620,7 @@ impl Gate {
                     drop(turn);
                     continue;
                 }
-                let cost = self.cost_of(estimated, Some(limiter.limits()));
+                let cost = self.cost_of(estimated, Some(limiter.limits()))?;
                 let permit = limiter.acquire_flight(cost, left()).await?;
                 return Ok(Call::new(
                     self.clone(),
@@ -587,7 +655,7 @@ impl Gate {
                     }
                     _ => None,
                 };
-                let cost = self.cost_of(estimated, Some(limiter.limits()));
+                let cost = self.cost_of(estimated, Some(limiter.limits()))?;
                 let permit = limiter.acquire_flight(cost, left()).await?;
                 return Ok(Call::new(
                     self.clone(),
@@ -688,6 +756,8 @@ pub struct Estimated {
     pub(super) send: Option<Bytes>,
     /// The gate asked the stream for its usage: the extra chunk is the gate's to take out.
     pub(super) usage_added: bool,
+    /// Its model's price, when the profile's table knows it.
+    pub(super) price: Option<super::models::Price>,
 }
 
 impl Estimated {

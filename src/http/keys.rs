@@ -83,6 +83,7 @@ impl Keyed {
         registry: &Registry,
         period: Duration,
         read: &[RateHeader],
+        spend: &Rates,
     ) -> Result<bool, Error> {
         let mut learned = self.learned.lock().unwrap_or_else(PoisonError::into_inner);
         let mut next = *learned;
@@ -113,7 +114,8 @@ impl Keyed {
             })
         };
         let limits = Limits::new(rates(Currency::Requests)?, rates(Currency::Tokens)?)
-            .with_output_tokens(rates(Currency::OutputTokens)?);
+            .with_output_tokens(rates(Currency::OutputTokens)?)
+            .with_spend(spend.clone());
         let first = learned.iter().all(|(_, l)| l.is_none());
         let store_key = if first {
             self.key.clone()

@@ -23,7 +23,67 @@ pub struct Price {
     pub output: u64,
 }
 
+/// `tokens` at `per_million` micro-dollars a million, in millionths of a micro-dollar.
+fn at(tokens: u64, per_million: u64) -> u128 {
+    u128::from(tokens) * u128::from(per_million)
+}
+
+/// Millionths of a micro-dollar as micro-dollars, rounded up (a budget never undercounts).
+fn micros(millionths: u128) -> u64 {
+    u64::try_from(millionths.div_ceil(1_000_000)).unwrap_or(u64::MAX)
+}
+
 impl Price {
+    /// What a call estimated at `input` tokens that may write `output` costs at most, in
+    /// micro-dollars (rounded up): what admission reserves from a spend budget.
+    ///
+    /// ```
+    /// use tollgate::http::models::Price;
+    ///
+    /// let gpt_4o = Price::dollars(2.50, 1.25, 10.0);
+    /// // 1,000 tokens in at $2.50 a million, 500 out at $10: $0.0075.
+    /// assert_eq!(gpt_4o.estimate(1_000, 500), 7_500);
+    /// ```
+    pub fn estimate(&self, input: u64, output: u64) -> u64 {
+        micros(at(input, self.input) + at(output, self.output))
+    }
+
+    /// What a response's reported usage is billed, in micro-dollars (rounded up). Input read
+    /// from the prompt cache is priced at `cached_input`: OpenAI's `cached_tokens` are part of
+    /// its `prompt_tokens`; Anthropic's cache reads are counted apart from its `input_tokens`,
+    /// and its cache writes cost 1.25× input. A response with only a total is priced at the
+    /// dearer of input and output.
+    ///
+    /// ```
+    /// use tollgate::http::Reported;
+    /// use tollgate::http::models::Price;
+    ///
+    /// let price = Price::dollars(2.50, 1.25, 10.0);
+    /// let body = br#"{"usage":{"prompt_tokens":2000,"completion_tokens":100,
+    ///     "prompt_tokens_details":{"cached_tokens":1024}}}"#;
+    /// // 976 fresh at $2.50, 1,024 cached at $1.25, 100 out at $10: $0.00472.
+    /// assert_eq!(price.billed(&Reported::read(body, false)), 4_720);
+    /// ```
+    pub fn billed(&self, reported: &super::Reported) -> u64 {
+        let input = reported.input.unwrap_or(0);
+        let output = reported.output.unwrap_or(0);
+        if reported.input.is_none() && reported.output.is_none() {
+            let total = reported.total.unwrap_or(0);
+            return micros(at(total, self.input.max(self.output)));
+        }
+        let anthropic = reported.cache_read.is_some() || reported.cache_write.is_some();
+        let total = if anthropic {
+            let write = reported.cache_write.unwrap_or(0);
+            at(input, self.input)
+                + at(write, self.input) * 5 / 4
+                + at(reported.cache_read.unwrap_or(0), self.cached_input)
+        } else {
+            let cached = reported.cached.unwrap_or(0).min(input);
+            at(input - cached, self.input) + at(cached, self.cached_input)
+        };
+        micros(total + at(output, self.output))
+    }
+
     /// A price from dollars per million tokens: input, cached input, output.
     pub const fn dollars(input: f64, cached_input: f64, output: f64) -> Price {
         Price {

@@ -21,6 +21,9 @@ pub struct Reported {
     pub cache_write: Option<u64>,
     /// `cache_read_input_tokens`.
     pub cache_read: Option<u64>,
+    /// `prompt_tokens_details.cached_tokens` or `input_tokens_details.cached_tokens`: the part
+    /// of `input` read from OpenAI's prompt cache (billed at the cached price).
+    pub cached: Option<u64>,
     /// `total_tokens`.
     pub total: Option<u64>,
     /// The output tokens counted from the text the response generated (its content, tool-call
@@ -55,6 +58,9 @@ impl Reported {
     /// false for Anthropic's `message_start`, whose `output_tokens` is a placeholder.
     fn merge(&mut self, usage: &Value, with_output: bool) {
         let field = |name: &str| usage.get(name).and_then(Value::as_u64);
+        let cached = ["prompt_tokens_details", "input_tokens_details"]
+            .iter()
+            .find_map(|details| usage.get(*details)?.get("cached_tokens")?.as_u64());
         let pairs = [
             (
                 &mut self.input,
@@ -70,6 +76,7 @@ impl Reported {
             ),
             (&mut self.cache_write, field("cache_creation_input_tokens")),
             (&mut self.cache_read, field("cache_read_input_tokens")),
+            (&mut self.cached, cached),
             (&mut self.total, field("total_tokens")),
         ];
         for (slot, value) in pairs {

@@ -11,6 +11,7 @@ mod metering;
 mod queue;
 #[cfg(feature = "reqwest-middleware")]
 mod reqwest_middleware;
+mod spend;
 #[cfg(feature = "tower")]
 mod tower;
 

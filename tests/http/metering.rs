@@ -321,9 +321,15 @@ async fn a_call_without_max_tokens_reserves_its_models_most_output() {
     assert_eq!(open.most_output(), 16_384);
     let input = open.input_tokens();
     let big = Limits::parse("10/m", "1000000/m").unwrap();
-    assert_eq!(gate.cost_of(&open, Some(&big)), Cost::call(input + 16_384));
+    assert_eq!(
+        gate.cost_of(&open, Some(&big)).unwrap(),
+        Cost::call(input + 16_384)
+    );
     let small = Limits::parse("10/m", "3000/m").unwrap();
-    assert_eq!(gate.cost_of(&open, Some(&small)), Cost::call(3_000));
+    assert_eq!(
+        gate.cost_of(&open, Some(&small)).unwrap(),
+        Cost::call(3_000)
+    );
     let unknown = read(
         json!({"model": "my-finetune", "messages": messages}),
         "/v1/chat/completions",
@@ -333,7 +339,10 @@ async fn a_call_without_max_tokens_reserves_its_models_most_output() {
         json!({"model": "gpt-4o", "max_tokens": 20, "n": 2, "messages": messages}),
         "/v1/chat/completions",
     );
-    assert_eq!(gate.cost_of(&named, Some(&small)), Cost::call(input + 40));
+    assert_eq!(
+        gate.cost_of(&named, Some(&small)).unwrap(),
+        Cost::call(input + 40)
+    );
     let embeddings = read(
         json!({"model": "text-embedding-3-small", "input": "hi"}),
         "/v1/embeddings",

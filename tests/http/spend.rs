@@ -1,0 +1,184 @@
+//! Spend budgets through the gate: a call pays its price at most when admitted (its input and
+//! reserved output at its model's prices), and what its usage is billed when it settles
+//! (cached input at the cached price); a model without a price can't spend from a budget.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderMap, StatusCode};
+use serde_json::json;
+use tollgate::http::models::{Model, Price};
+use tollgate::http::{Gate, Profile, Reported};
+use tollgate::{Currency, Error, Limits, MemoryStore, Rates, Registry};
+
+use crate::parts;
+
+const LIMITS: &str = "10000000/30d";
+
+fn gate(registry: &Arc<Registry>, budget: &str, profile: Profile) -> Gate {
+    Gate::builder(profile)
+        .limits(Limits::parse("1000/d", LIMITS).unwrap())
+        .spend(Rates::parse_money(budget).unwrap())
+        .registry(Arc::clone(registry))
+        .first_answer_wait(None)
+        .timeout(Some(Duration::from_millis(100)))
+        .build()
+        .unwrap()
+}
+
+async fn spend_left(registry: &Registry, key: &str, budget: &str) -> i128 {
+    let limits = Limits::parse("1000/d", LIMITS)
+        .unwrap()
+        .with_spend(Rates::parse_money(budget).unwrap());
+    let limiter = registry.limiter(key, &limits).unwrap();
+    let snapshot = limiter.snapshot().await.unwrap();
+    snapshot.least(Currency::Spend).unwrap().whole()
+}
+
+fn body(model: &str, max_tokens: u64) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "model": model,
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": "one two three four five"}],
+    }))
+    .unwrap()
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_call_reserves_its_price_at_most_and_settles_what_its_usage_is_billed() {
+    let registry = Arc::new(Registry::new(MemoryStore::new()));
+    let gate = gate(&registry, "$1/d", Profile::openai());
+    let body = body("gpt-4o-2024-08-06", 1_000);
+    let mut call = gate.admit(&parts(), &body).await.unwrap();
+    assert_eq!(call.key(), "openai:gpt-4o-2024-08-06");
+    let input = call.input_tokens();
+    // gpt-4o: $2.50 in, $10 out a million; 1,000 output tokens reserved.
+    let reserved = (input * 2_500_000 + 1_000 * 10_000_000).div_ceil(1_000_000);
+    assert_eq!(call.cost().unwrap().spend, reserved);
+    assert_eq!(
+        spend_left(&registry, call.key(), "$1/d").await,
+        1_000_000 - i128::from(reserved)
+    );
+    call.sending();
+    call.respond(StatusCode::OK, &HeaderMap::new(), None).await;
+    // Billed: 3,000 prompt tokens, 2,048 of them from the cache at $1.25, and 200 out.
+    let reported = Reported::read(
+        br#"{"usage":{"prompt_tokens":3000,"completion_tokens":200,"total_tokens":3200,
+            "prompt_tokens_details":{"cached_tokens":2048}}}"#,
+        false,
+    );
+    let key = call.key().to_owned();
+    let usage = call.finish(reported).await.unwrap();
+    let billed = (952 * 2_500_000 + 2_048 * 1_250_000 + 200 * 10_000_000u64).div_ceil(1_000_000);
+    assert_eq!(billed, 6_940);
+    assert_eq!(usage.spend, Some(billed));
+    assert_eq!(
+        spend_left(&registry, &key, "$1/d").await,
+        1_000_000 - i128::from(billed)
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_spent_budget_holds_calls_until_it_refills_and_a_call_dearer_than_it_never_passes() {
+    let registry = Arc::new(Registry::new(MemoryStore::new()));
+    // $0.05 a day; each call reserves 2,000 output tokens of gpt-4o: $0.02 and its input.
+    let gate = gate(&registry, "$0.05/d", Profile::openai());
+    let body = body("gpt-4o", 2_000);
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(gate.admit(&parts(), &body).await.unwrap());
+    }
+    let third = gate.admit(&parts(), &body).await.unwrap_err();
+    assert!(matches!(third, Error::Timeout { .. }), "{third}");
+    // Five thousand output tokens, $0.05 and more, can never pass a $0.05 budget.
+    let dear = gate.admit(&parts(), &self::body("gpt-4o", 5_000)).await;
+    assert!(
+        matches!(
+            dear,
+            Err(Error::CostExceedsCapacity {
+                currency: Currency::Spend,
+                ..
+            })
+        ),
+        "{dear:?}"
+    );
+    // The held calls settle at a tenth of their reservation: the third passes.
+    for mut call in held {
+        call.sending();
+        call.respond(StatusCode::OK, &HeaderMap::new(), None).await;
+        let reported = Reported::read(
+            br#"{"usage":{"prompt_tokens":20,"completion_tokens":200}}"#,
+            false,
+        );
+        call.finish(reported).await.unwrap();
+    }
+    gate.admit(&parts(), &body).await.unwrap();
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_model_without_a_price_cannot_spend_from_a_budget_until_it_is_given_one() {
+    let registry = Arc::new(Registry::new(MemoryStore::new()));
+    let gate = gate(&registry, "$1/d", Profile::openai());
+    let err = gate
+        .admit(&parts(), &body("my-finetune", 10))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Unpriced { .. }), "{err}");
+    assert!(
+        err.to_string().contains("`my-finetune` has no price"),
+        "{err}"
+    );
+    // Without a budget, the same call passes.
+    let plain = Gate::builder(Profile::openai())
+        .limits(Limits::parse("1000/d", LIMITS).unwrap())
+        .registry(Arc::new(Registry::new(MemoryStore::new())))
+        .first_answer_wait(None)
+        .build()
+        .unwrap();
+    plain
+        .admit(&parts(), &body("my-finetune", 10))
+        .await
+        .unwrap();
+    // Given a price, it pays it.
+    let mut models = tollgate::http::models::openai();
+    models.push(Model::new(
+        "my-finetune",
+        4_096,
+        Some(Price::dollars(3.0, 1.5, 12.0)),
+    ));
+    let priced = gate_with(&registry, Profile::openai().models(models));
+    let call = priced
+        .admit(&parts(), &body("my-finetune", 10))
+        .await
+        .unwrap();
+    let input = call.input_tokens();
+    assert_eq!(
+        call.cost().unwrap().spend,
+        (input * 3_000_000 + 10 * 12_000_000).div_ceil(1_000_000)
+    );
+}
+
+fn gate_with(registry: &Arc<Registry>, profile: Profile) -> Gate {
+    gate(registry, "$1/d", profile)
+}
+
+#[test]
+fn anthropic_cache_reads_and_writes_are_billed_at_their_own_prices() {
+    let sonnet = Price::dollars(3.0, 0.30, 15.0);
+    let reported = Reported::read(
+        br#"{"type":"message","usage":{"input_tokens":100,"cache_creation_input_tokens":1000,
+            "cache_read_input_tokens":4000,"output_tokens":50}}"#,
+        false,
+    );
+    // 100 at $3, 1,000 written at $3.75, 4,000 read at $0.30, 50 out at $15.
+    assert_eq!(sonnet.billed(&reported), 300 + 3_750 + 1_200 + 750);
+    // A total alone is priced at the dearer rate.
+    let total = Reported::read(br#"{"usage":{"total_tokens":1000}}"#, false);
+    assert_eq!(sonnet.billed(&total), 15_000);
+    // Rounded up to the micro-dollar, never down.
+    let one = Reported::read(
+        br#"{"usage":{"prompt_tokens":1,"completion_tokens":0}}"#,
+        false,
+    );
+    assert_eq!(Price::dollars(0.15, 0.075, 0.6).billed(&one), 1);
+}
