@@ -344,7 +344,7 @@ impl Call {
                 "a rate-limit header of the provider can't be read; this answer does not sync it",
             );
         }
-        if let LimitsFrom::Headers(period) = gate.limits
+        if let LimitsFrom::Headers(period) = *self.gate.limits_of(&self.state.key)
             && let Err(err) =
                 self.state
                     .learn(self.gate.registry(), period, &read, &self.gate.inner.spend)

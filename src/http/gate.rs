@@ -50,6 +50,8 @@ pub(super) struct Inner {
     registry: Option<Arc<Registry>>,
     key: Arc<KeyFn>,
     pub(super) limits: LimitsFrom,
+    /// Keys with limits of their own (a model's).
+    pub(super) key_limits: HashMap<String, LimitsFrom>,
     /// A budget every key keeps beside the limits learned from headers.
     pub(super) spend: crate::Rates,
     pub(super) sync: bool,
@@ -119,6 +121,7 @@ pub struct GateBuilder {
     registry: Option<Arc<Registry>>,
     key: Option<Arc<KeyFn>>,
     limits: Option<LimitsFrom>,
+    key_limits: HashMap<String, LimitsFrom>,
     spend: crate::Rates,
     sync: bool,
     foreign: bool,
@@ -151,6 +154,39 @@ impl GateBuilder {
     /// calls go one at a time. A limit of zero, or above a trillion, is not learned.
     pub fn limits_from_headers(mut self, period: Duration) -> GateBuilder {
         self.limits = Some(LimitsFrom::Headers(period));
+        self
+    }
+
+    /// `key` gets these limits instead of the gate's: a model whose limits differ from the
+    /// others' (OpenAI states its limits per model).
+    ///
+    /// ```
+    /// use tollgate::Limits;
+    /// use tollgate::http::{Gate, Profile};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let gate = Gate::builder(Profile::openai())
+    ///     .limits(Limits::parse("500/m", "30000/m")?)
+    ///     .key_limits("openai:gpt-4o-mini", Limits::parse("500/m", "200000/m")?)
+    ///     .build()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn key_limits(mut self, key: impl Into<String>, limits: Limits) -> GateBuilder {
+        self.key_limits
+            .insert(key.into(), LimitsFrom::Fixed(limits));
+        self
+    }
+
+    /// `key` takes its limits from its responses' `limit` headers (see
+    /// [`limits_from_headers`](GateBuilder::limits_from_headers)), whatever the gate's.
+    pub fn key_limits_from_headers(
+        mut self,
+        key: impl Into<String>,
+        period: Duration,
+    ) -> GateBuilder {
+        self.key_limits
+            .insert(key.into(), LimitsFrom::Headers(period));
         self
     }
 
@@ -273,18 +309,23 @@ impl GateBuilder {
             key: format!("{} (http gate)", self.profile.name()),
         };
         let limits = self.limits.clone().ok_or_else(no_limits)?;
-        if let LimitsFrom::Fixed(limits) = &limits
-            && limits.is_empty()
-            && self.spend.is_empty()
-        {
-            return Err(no_limits());
-        }
-        let limits = match limits {
-            LimitsFrom::Fixed(limits) if !self.spend.is_empty() => {
-                LimitsFrom::Fixed(limits.with_spend(self.spend.clone()))
+        let with_spend = |limits: LimitsFrom| -> Result<LimitsFrom, Error> {
+            match limits {
+                LimitsFrom::Fixed(limits) if limits.is_empty() && self.spend.is_empty() => {
+                    Err(no_limits())
+                }
+                LimitsFrom::Fixed(limits) if !self.spend.is_empty() => {
+                    Ok(LimitsFrom::Fixed(limits.with_spend(self.spend.clone())))
+                }
+                other => Ok(other),
             }
-            other => other,
         };
+        let limits = with_spend(limits)?;
+        let key_limits = self
+            .key_limits
+            .iter()
+            .map(|(key, limits)| Ok((key.clone(), with_spend(limits.clone())?)))
+            .collect::<Result<HashMap<_, _>, Error>>()?;
         let estimator = crate::counting::estimator_named(self.profile.estimator_name())?;
         let key = self.key.unwrap_or_else(|| {
             let name = self.profile.name().to_owned();
@@ -302,6 +343,7 @@ impl GateBuilder {
                 registry: self.registry,
                 key,
                 limits,
+                key_limits,
                 spend: self.spend,
                 sync: self.sync,
                 foreign: self.foreign,
@@ -326,6 +368,7 @@ impl Gate {
             registry: None,
             key: None,
             limits: None,
+            key_limits: HashMap::new(),
             spend: crate::Rates::none(),
             sync: true,
             foreign: true,
@@ -400,6 +443,19 @@ impl Gate {
         }
     }
 
+    /// Where `key` gets its limits: its own, or the gate's.
+    pub(super) fn limits_of(&self, key: &str) -> &LimitsFrom {
+        self.inner.key_limits.get(key).unwrap_or(&self.inner.limits)
+    }
+
+    /// The limits `key` is configured with (`None`: they come from its responses' headers).
+    pub fn configured_limits(&self, key: &str) -> Option<&Limits> {
+        match self.limits_of(key) {
+            LimitsFrom::Fixed(limits) => Some(limits),
+            LimitsFrom::Headers(_) => None,
+        }
+    }
+
     pub(super) fn estimator(&self) -> Arc<dyn Estimator> {
         Arc::clone(&self.inner.estimator)
     }
@@ -423,7 +479,7 @@ impl Gate {
             // already given) is learned again on their next call.
             keys.retain(|_, state| Arc::strong_count(state) > 1);
         }
-        let limiter = match &self.inner.limits {
+        let limiter = match self.limits_of(&key) {
             LimitsFrom::Fixed(limits) => Some(self.registry().limiter(&key, limits)?),
             LimitsFrom::Headers(_) => None,
         };
@@ -606,7 +662,7 @@ impl Gate {
     ) -> Result<Call, Error> {
         let state = self.state(estimated.key.clone())?;
         let left = || deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
-        let learning = matches!(self.inner.limits, LimitsFrom::Headers(_));
+        let learning = matches!(self.limits_of(&estimated.key), LimitsFrom::Headers(_));
         loop {
             // Limits from the headers, with a currency still unknown: its calls go one at a
             // time (the limiter holds only the currencies learned so far, and nothing would
