@@ -1,6 +1,7 @@
 //! tollgate-proxy in-process, in front of the provider stand-in (or a scripted upstream), with
 //! a Rust client here and the official Python and Node SDKs in `clients`.
 
+mod admin;
 mod bounds;
 mod bypass;
 mod clients;
