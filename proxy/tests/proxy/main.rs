@@ -6,6 +6,7 @@ mod bounds;
 mod bypass;
 mod clients;
 mod common;
+mod deploy;
 mod hostile;
 mod operations;
 mod readme;
