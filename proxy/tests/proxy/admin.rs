@@ -219,6 +219,46 @@ async fn the_view_lists_each_key_with_its_levels_to_the_token_and_its_counts() {
 }
 
 #[tokio::test]
+async fn limits_learned_from_the_headers_show_once_learned() {
+    let stand_in = Provider::start_with(Options::openai(600, 90_000, DAY).exact()).await;
+    let name = fresh("learned");
+    let running = watched(&format!(
+        r#"
+        [[upstream]]
+        name = "{name}"
+        url = "http://{}"
+        profile = "openai"
+        limits = "from-headers"
+        "#,
+        stand_in.addr
+    ))
+    .await;
+    let before = keys(&running).await;
+    assert_eq!(before["upstreams"][0]["limits"], "from-headers");
+    let own = entry(&before, &name).unwrap();
+    assert_eq!(own["limits"], Value::Null, "{before:#}");
+    assert_eq!(own["windows"], json!([]));
+    let answer = post(
+        running.addr,
+        "/v1/chat/completions",
+        &chat("gpt-4o", "hi", 5),
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{}", answer.body_str());
+    // The headers' limits, read per minute; the call is on them (its request at least).
+    let key = format!("{name}:gpt-4o");
+    let view = until(&running, |v| entry(v, &key).is_some()).await;
+    let learned = entry(&view, &key).unwrap();
+    assert_eq!(
+        learned["limits"], "requests 600/m, tokens 90000/m",
+        "{view:#}"
+    );
+    let requests = level(&view, &key, "requests");
+    assert!((599.0..600.0).contains(&requests), "{requests}");
+    assert_eq!(learned["counts"]["admitted"], 1);
+}
+
+#[tokio::test]
 async fn waiting_calls_and_429s_here_and_upstream_show_at_their_keys() {
     let stand_in = Provider::start_with(Options::openai(1_000, 100_000, DAY).exact()).await;
     let spent = Provider::start_with(Options::openai(1_000, 100_000, DAY).permanent()).await;
