@@ -315,11 +315,17 @@ impl Proxy {
             .await
             .map_err(|e| StartError(format!("listen on {}: {e}", config.listen)))?;
         let admin = match config.admin_listen {
-            Some(addr) => Some(
+            Some(addr) => Some({
+                if !addr.ip().is_loopback() {
+                    tracing::warn!(
+                        %addr,
+                        "the live view (admin_listen) has no authentication and listens beyond this host: keep it behind a firewall"
+                    );
+                }
                 TcpListener::bind(addr)
                     .await
-                    .map_err(|e| StartError(format!("admin_listen on {addr}: {e}")))?,
-            ),
+                    .map_err(|e| StartError(format!("admin_listen on {addr}: {e}")))?
+            }),
             None => None,
         };
         Ok(Proxy {

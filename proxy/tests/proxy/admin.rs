@@ -639,6 +639,8 @@ async fn the_status_page_shows_the_running_proxy_in_chromium_and_follows_its_cal
     let Some((chromium, modules)) = browser("status page") else {
         return;
     };
+    // Chromium's start-up takes both cores for a moment: not inside another test's timing.
+    let _alone = crate::clients::SDK_RUNS.lock().await;
     let period = Duration::from_secs(600);
     let openai = Provider::start_with(Options::openai(60, 20_000, period)).await;
     let anthropic = Provider::start_with(Options::anthropic(50, 20_000, 8_000, period)).await;
