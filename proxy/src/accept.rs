@@ -35,6 +35,8 @@ use crate::state::{Shared, StartError};
 /// A proxy bound to its address, not yet serving.
 pub struct Proxy {
     listener: TcpListener,
+    /// The operators' live view (`admin_listen`), when configured.
+    admin: Option<TcpListener>,
     shared: Arc<Shared>,
     drain: std::time::Duration,
 }
@@ -312,8 +314,23 @@ impl Proxy {
         let listener = TcpListener::bind(config.listen)
             .await
             .map_err(|e| StartError(format!("listen on {}: {e}", config.listen)))?;
+        let admin = match config.admin_listen {
+            Some(addr) => Some({
+                if !addr.ip().is_loopback() {
+                    tracing::warn!(
+                        %addr,
+                        "the live view (admin_listen) has no authentication and listens beyond this host: keep it behind a firewall"
+                    );
+                }
+                TcpListener::bind(addr)
+                    .await
+                    .map_err(|e| StartError(format!("admin_listen on {addr}: {e}")))?
+            }),
+            None => None,
+        };
         Ok(Proxy {
             listener,
+            admin,
             shared,
             drain: config.drain,
         })
@@ -324,6 +341,11 @@ impl Proxy {
         self.listener
             .local_addr()
             .expect("a bound listener has an address")
+    }
+
+    /// The address of the operators' live view, when `admin_listen` is set.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// Serves until `shutdown` completes, then drains: no new connection is accepted,
@@ -347,6 +369,13 @@ impl Proxy {
             .max_header_list_size(256 << 10);
         let connections = Arc::new(Connections::default());
         let epoch = Instant::now();
+        // The live view serves until the drain ends (an operator watches the drain on it).
+        let _admin = self.admin.map(|listener| {
+            AbortOnDrop(tokio::spawn(crate::admin::serve(
+                listener,
+                Arc::clone(&self.shared),
+            )))
+        });
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
             let accepted = tokio::select! {
@@ -442,15 +471,26 @@ impl Proxy {
     /// Serves in a task of its own: for tests and embedding.
     pub fn spawn(self) -> Running {
         let addr = self.local_addr();
+        let admin = self.admin_addr();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(self.serve(async move {
             let _ = stopped.await;
         }));
         Running {
             addr,
+            admin,
             stop: Some(stop),
             task,
         }
+    }
+}
+
+/// A task ended when its handle is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -458,6 +498,8 @@ impl Proxy {
 pub struct Running {
     /// Where it listens.
     pub addr: SocketAddr,
+    /// Where the operators' live view listens (`admin_listen`), if anywhere.
+    pub admin: Option<SocketAddr>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<Drained>,
 }

@@ -141,8 +141,9 @@ impl Refusal {
 /// What a refusal of the gate (or a tenant's window) is answered with.
 pub(crate) fn refusal(shared: &Shared, upstream: &Upstreamed, err: &Error) -> Refusal {
     match err {
-        Error::Timeout { needed, .. } => {
+        Error::Timeout { key, needed, .. } => {
             upstream.metrics.local_429s.increment(1);
+            shared.live.local_429(key);
             let wait = needed.unwrap_or(Duration::from_secs(1));
             Refusal {
                 kind: Kind::RateLimited,
@@ -153,8 +154,9 @@ pub(crate) fn refusal(shared: &Shared, upstream: &Upstreamed, err: &Error) -> Re
                 retry_after: Some(wait),
             }
         }
-        Error::QueueFull { .. } => {
+        Error::QueueFull { key, .. } => {
             upstream.metrics.local_429s.increment(1);
+            shared.live.local_429(key);
             Refusal {
                 kind: Kind::RateLimited,
                 message: format!("tollgate-proxy: {err}"),
@@ -229,6 +231,8 @@ pub(crate) async fn prepare(
             .map_err(|err| refusal(shared, upstream, &err))?;
         if tenant.configured {
             upstream.saw_key(&key);
+        } else {
+            shared.live.other_tenant(&upstream.name, &limiter);
         }
         let cost = gate
             .cost_of(attempts.estimated(), Some(limits))
@@ -237,6 +241,7 @@ pub(crate) async fn prepare(
             .acquire_until(cost, attempts.deadline())
             .await
             .map_err(|err| refusal(shared, upstream, &err))?;
+        shared.live.admitted(&key);
         attempts.attach(permit);
     }
     Ok(attempts)

@@ -27,6 +27,9 @@ impl std::error::Error for ConfigError {}
 pub struct Config {
     /// Where the proxy listens (default `127.0.0.1:8787`).
     pub listen: SocketAddr,
+    /// Where the operators' live view listens (`GET /admin/`, `GET /admin/api/keys`), apart
+    /// from the clients' listener (default: nowhere, disabled).
+    pub admin_listen: Option<SocketAddr>,
     /// A Redis URL: every proxy on it shares every key (default: in memory, this process).
     pub redis: Option<String>,
     /// The largest request body accepted, as sent and as decoded from its `content-encoding`;
@@ -285,6 +288,7 @@ pub const SECRET_HEADER: &str = "tollgate-tenant-secret";
 #[serde(deny_unknown_fields)]
 struct File {
     listen: Option<String>,
+    admin_listen: Option<String>,
     redis: Option<String>,
     max_body_bytes: Option<usize>,
     drain_seconds: Option<f64>,
@@ -457,6 +461,11 @@ impl Config {
                 problems.push(format!("listen: {e}"));
                 DEFAULT_LISTEN.parse().expect("a valid default")
             });
+        let admin_listen = file.admin_listen.as_deref().and_then(|text| {
+            text.parse()
+                .map_err(|e| problems.push(format!("admin_listen: `{text}`: {e}")))
+                .ok()
+        });
         let drain = file.drain_seconds.map_or(DEFAULT_DRAIN, |s| {
             seconds(s, "drain_seconds", &mut problems)
         });
@@ -530,6 +539,7 @@ impl Config {
         }
         Ok(Config {
             listen,
+            admin_listen,
             redis: file.redis,
             max_body: file.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY),
             drain,
@@ -545,6 +555,7 @@ impl Config {
     pub fn public() -> Config {
         Config {
             listen: DEFAULT_LISTEN.parse().expect("a valid default"),
+            admin_listen: None,
             redis: None,
             max_body: DEFAULT_MAX_BODY,
             drain: DEFAULT_DRAIN,

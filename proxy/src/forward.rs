@@ -228,6 +228,8 @@ pub(crate) async fn metered(
         };
         let waited = admission.elapsed();
         upstream.saw_key(call.key());
+        shared.live.admitted(call.key());
+        let key = call.key().to_owned();
         let mut head = parts.clone();
         let sent_body = match call.body() {
             Some(rewritten) => {
@@ -308,14 +310,17 @@ pub(crate) async fn metered(
             }
             Next::Retry(delay) => {
                 upstream.metrics.upstream_429s_transient.increment(1);
+                shared.live.upstream_429(&key);
                 tokio::time::sleep(delay).await;
             }
             Next::HandOn { body, .. } => {
                 upstream.metrics.upstream_429s_transient.increment(1);
+                shared.live.upstream_429(&key);
                 return give_up(head, body, true);
             }
             Next::Refused { body, .. } => {
                 upstream.metrics.upstream_429s_permanent.increment(1);
+                shared.live.upstream_429(&key);
                 return give_up(head, body, false);
             }
             _ => {

@@ -33,6 +33,7 @@
 //! ```
 
 mod accept;
+mod admin;
 mod admit;
 mod answer;
 pub mod config;

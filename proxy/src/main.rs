@@ -14,6 +14,7 @@ USAGE:
 
 FLAGS (each overrides the file):
     --listen ADDR           where to listen (default 127.0.0.1:8787)
+    --admin-listen ADDR     where the operators' live view listens (/admin/; default: off)
     --upstream URL          the one upstream's base URL (default: the profile's public API)
     --profile NAME          openai, azure-openai, anthropic, voyage, gemini, groq, mistral, generic
     --requests RATE         requests per period, e.g. 500/m (several: \"60/m; 1000/d\")
@@ -37,6 +38,7 @@ EXAMPLE:
 struct Flags {
     config: Option<String>,
     listen: Option<String>,
+    admin_listen: Option<String>,
     upstream: Option<String>,
     profile: Option<String>,
     requests: Option<String>,
@@ -69,6 +71,7 @@ fn parse(args: impl Iterator<Item = String>) -> Result<Option<Flags>, String> {
             }
             "--config" => &mut flags.config,
             "--listen" => &mut flags.listen,
+            "--admin-listen" => &mut flags.admin_listen,
             "--upstream" => &mut flags.upstream,
             "--profile" => &mut flags.profile,
             "--requests" => &mut flags.requests,
@@ -119,6 +122,13 @@ fn config(flags: &Flags) -> Result<Config, String> {
         config.listen = listen
             .parse()
             .map_err(|e| format!("--listen `{listen}`: {e}"))?;
+    }
+    if let Some(admin) = &flags.admin_listen {
+        config.admin_listen = Some(
+            admin
+                .parse()
+                .map_err(|e| format!("--admin-listen `{admin}`: {e}"))?,
+        );
     }
     if let Some(redis) = &flags.redis {
         config.redis = Some(redis.clone());
@@ -210,6 +220,9 @@ fn main() -> ExitCode {
             }
         };
         tracing::info!(listen = %proxy.local_addr(), upstreams = ?upstreams, "tollgate-proxy listening");
+        if let Some(admin) = proxy.admin_addr() {
+            tracing::info!(admin = %admin, "the live view: http://{admin}/admin/");
+        }
         match proxy.serve(terminated()).await {
             Drained::Clean => ExitCode::SUCCESS,
             Drained::Cut => ExitCode::from(3),

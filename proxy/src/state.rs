@@ -74,6 +74,8 @@ pub(crate) struct Shared {
     pub(crate) ready: Mutex<Option<(tokio::time::Instant, bool)>>,
     /// Told when the drain starts (bodies still coming are answered 503).
     pub(crate) drain_started: tokio::sync::Notify,
+    /// Each key's counts, for the live view (`admin.rs`).
+    pub(crate) live: crate::admin::Tally,
 }
 
 /// Why the proxy can't start.
@@ -280,6 +282,7 @@ impl Shared {
             buffered: Arc::new(Semaphore::new(units)),
             ready: Mutex::new(None),
             drain_started: tokio::sync::Notify::new(),
+            live: crate::admin::Tally::new(config),
         })
     }
 
@@ -336,5 +339,11 @@ impl Upstreamed {
             keys.clear();
         }
         keys.insert(key.to_owned());
+    }
+
+    /// The keys seen lately (see [`saw_key`](Upstreamed::saw_key)), for the live view.
+    pub(crate) fn seen_keys(&self) -> Vec<String> {
+        let keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        keys.iter().cloned().collect()
     }
 }

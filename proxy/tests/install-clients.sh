@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Installs the official SDKs the real-client tests drive through the proxy (proxy/tests/proxy/
 # clients.rs): Python's `openai` and `anthropic` from PyPI, in a venv (or with `pip install
-# --target` where the venv module is missing), and Node's `openai` from npm.
+# --target` where the venv module is missing), and Node's `openai` from npm; and
+# `playwright-core` from npm, which drives Debian's Chromium (/usr/bin/chromium, installed
+# apart: `apt-get install chromium`) through the status page in proxy/tests/proxy/admin.rs. It
+# downloads no browser of its own.
 #
 #   bash proxy/tests/install-clients.sh [DIR]      (default: $TOLLGATE_PROXY_CLIENTS, else
 #                                                   target/proxy-clients)
@@ -31,11 +34,11 @@ else
     --target "$dir/python-packages" openai anthropic
 fi
 
-# Node: DIR/node/node_modules/openai.
+# Node: DIR/node/node_modules/openai and DIR/node/node_modules/playwright-core.
 mkdir -p "$dir/node"
 if [ ! -f "$dir/node/package.json" ]; then
   printf '{"name":"tollgate-proxy-clients","private":true}\n' >"$dir/node/package.json"
 fi
-(cd "$dir/node" && npm install --silent --no-audit --no-fund openai >/dev/null)
+(cd "$dir/node" && npm install --silent --no-audit --no-fund openai playwright-core >/dev/null)
 
 echo "$dir"

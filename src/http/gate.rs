@@ -391,6 +391,21 @@ impl Gate {
             .len()
     }
 
+    /// The limiter that holds `key`'s windows now: the one of the fixed limits, or the one of
+    /// the limits last learned from the headers. `None` while a key's limits are still being
+    /// learned, or for a key the gate doesn't remember (it forgets keys no call holds once it
+    /// remembers thousands). For a status page: read its levels with
+    /// [`Limiter::snapshot`](crate::Limiter::snapshot) and its queue with
+    /// [`Limiter::waiters`](crate::Limiter::waiters).
+    pub fn limiter_of(&self, key: &str) -> Option<crate::Limiter> {
+        self.inner
+            .keys
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .and_then(|keyed| keyed.limiter())
+    }
+
     /// The profile.
     pub fn profile(&self) -> &Profile {
         &self.inner.profile

@@ -17,8 +17,9 @@ use tollgate_testkit::provider::{self, Options, Provider};
 use crate::common::*;
 
 /// The SDK tests run one at a time: each starts Python or Node processes, and on two cores
-/// their start-up would otherwise land inside the timing of the 80-call run.
-static SDK_RUNS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// their start-up would otherwise land inside the timing of the 80-call run. (The status page's
+/// browser test takes it too.)
+pub static SDK_RUNS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Where the SDKs are.
 struct Clients {

@@ -1,0 +1,547 @@
+//! The operators' live view, on a listener of its own (`admin_listen`), never on the clients':
+//!
+//! - `GET /admin/api/keys`: every key the proxy knows (each upstream's own key, the model keys
+//!   seen, the configured tenants' keys, and the other tenants aggregated under one entry),
+//!   each with its windows' levels, the calls waiting at it and its counts (admitted, local
+//!   429s, upstream 429s). The shape is in the README (`## The live view`).
+//! - `GET /admin/`: a status page (one HTML file, no build step, no external asset) that polls
+//!   the JSON every second and draws each key's windows as bars.
+//!
+//! The counts are this process's own (a fleet on Redis shares levels, not counts); they are
+//! kept here rather than read back from the metrics recorder, which is one per process and
+//! shared by every proxy in it (as in the tests).
+
+use std::collections::{BTreeSet, HashMap};
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tollgate::{Currency, Limiter, Limits};
+
+use crate::config::{Config, LimitsFrom};
+use crate::metrics::OTHER;
+use crate::state::{Shared, TENANT_PART, Upstreamed};
+
+/// The status page.
+const PAGE: &str = include_str!("admin.html");
+/// The version of the JSON's shape: fields may be added within a version, never removed or
+/// changed.
+const SHAPE: u32 = 1;
+/// The most keys with counts of their own (labels are bounded by the configuration; this only
+/// guards against a bug that would make them unbounded).
+const COUNTED_KEYS: usize = 4_096;
+/// The most tenants not named in the configuration remembered per upstream, for the
+/// aggregate's queue.
+const OTHER_TENANTS: usize = 1_024;
+/// The most connections to the admin listener at once (a browser opens a few).
+const ADMIN_CONNECTIONS: usize = 64;
+/// How long the view waits for the store, per key.
+const STORE_WAIT: Duration = Duration::from_secs(2);
+
+/// A key's counts, since the proxy started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub(crate) struct Counts {
+    /// Calls admitted at the key (each attempt: a retry after an upstream 429 is admitted
+    /// again).
+    pub(crate) admitted: u64,
+    /// Calls answered 429 by the proxy: they would have waited past their deadline, or the
+    /// key's queue was full.
+    pub(crate) local_429s: u64,
+    /// 429s from the upstream (retried here, handed on, or a spent quota).
+    pub(crate) upstream_429s: u64,
+}
+
+/// Each key's counts, and the tenants the configuration doesn't name (kept only for their
+/// queue, never listed).
+pub(crate) struct Tally {
+    /// The tenants the configuration names (virtual keys' tenants, the default).
+    named: BTreeSet<String>,
+    /// `memory` or `redis`.
+    store: &'static str,
+    counts: Mutex<HashMap<String, Counts>>,
+    /// Per upstream: the limiters of tenants not named in the configuration.
+    others: Mutex<HashMap<String, HashMap<String, Limiter>>>,
+}
+
+impl Tally {
+    pub(crate) fn new(config: &Config) -> Tally {
+        Tally {
+            named: config
+                .tenants
+                .virtual_keys
+                .values()
+                .chain(config.tenants.default.iter())
+                .cloned()
+                .collect(),
+            store: if config.redis.is_some() {
+                "redis"
+            } else {
+                "memory"
+            },
+            counts: Mutex::new(HashMap::new()),
+            others: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The entry a key is counted under: itself (less a learned limit's `@limits` suffix), or
+    /// `{upstream}:tenant:other` for a tenant the configuration doesn't name.
+    fn entry(&self, key: &str) -> String {
+        let key = key.split('@').next().unwrap_or(key);
+        match key.split_once(&format!(":{TENANT_PART}")) {
+            Some((_, tenant)) if self.named.contains(tenant) => key.to_owned(),
+            Some((upstream, _)) => format!("{upstream}:{TENANT_PART}{OTHER}"),
+            None => key.to_owned(),
+        }
+    }
+
+    fn count(&self, key: &str, add: impl FnOnce(&mut Counts)) {
+        let entry = self.entry(key);
+        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(counts) = counts.get_mut(&entry) {
+            add(counts);
+        } else if counts.len() < COUNTED_KEYS {
+            add(counts.entry(entry).or_default());
+        }
+    }
+
+    /// A call was admitted at `key`.
+    pub(crate) fn admitted(&self, key: &str) {
+        self.count(key, |c| c.admitted += 1);
+    }
+
+    /// A call was answered 429 here, waiting at `key`.
+    pub(crate) fn local_429(&self, key: &str) {
+        self.count(key, |c| c.local_429s += 1);
+    }
+
+    /// The upstream answered a call of `key` with 429.
+    pub(crate) fn upstream_429(&self, key: &str) {
+        self.count(key, |c| c.upstream_429s += 1);
+    }
+
+    /// A tenant the configuration doesn't name waits at `limiter` (its key is never shown).
+    pub(crate) fn other_tenant(&self, upstream: &str, limiter: &Limiter) {
+        let mut others = self.others.lock().unwrap_or_else(PoisonError::into_inner);
+        let tenants = others.entry(upstream.to_owned()).or_default();
+        if tenants.contains_key(limiter.key()) {
+            return;
+        }
+        if tenants.len() >= OTHER_TENANTS {
+            tenants.clear();
+        }
+        tenants.insert(limiter.key().to_owned(), limiter.clone());
+    }
+
+    fn counts(&self) -> HashMap<String, Counts> {
+        self.counts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// How many other tenants an upstream has seen lately, and how many of their calls wait.
+    fn others_of(&self, upstream: &str) -> (usize, usize) {
+        let others = self.others.lock().unwrap_or_else(PoisonError::into_inner);
+        others.get(upstream).map_or((0, 0), |tenants| {
+            (tenants.len(), tenants.values().map(Limiter::waiters).sum())
+        })
+    }
+}
+
+/// `GET /admin/api/keys`.
+#[derive(Debug, Serialize)]
+struct View {
+    /// The version of this shape.
+    version: u32,
+    /// When the view was read, in milliseconds since the Unix epoch.
+    now: u64,
+    store: StoreView,
+    /// The proxy is draining (SIGTERM).
+    draining: bool,
+    upstreams: Vec<UpstreamView>,
+    keys: Vec<KeyView>,
+}
+
+#[derive(Debug, Serialize)]
+struct StoreView {
+    /// `memory` or `redis`.
+    kind: &'static str,
+    /// Every level was read (false: the store did not answer; levels are `null`).
+    ok: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct UpstreamView {
+    name: String,
+    profile: String,
+    /// The base URL, without credentials.
+    url: String,
+    /// The prefix its clients' paths are under (`""`: none).
+    mount: String,
+    /// `fixed` (rates in the configuration) or `from-headers`.
+    limits: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+struct KeyView {
+    key: String,
+    upstream: String,
+    /// `upstream` (its own key, shared by models without one), `model`, `tenant` (named in the
+    /// configuration), or `tenants` (every other tenant, aggregated).
+    kind: &'static str,
+    model: Option<String>,
+    tenant: Option<String>,
+    /// The limits as text (`requests 60/m, tokens 20000/m`); `null` while they are learned from
+    /// the headers.
+    limits: Option<String>,
+    windows: Vec<WindowView>,
+    /// Calls waiting at the key now.
+    waiting: usize,
+    counts: Counts,
+    /// For `tenants`: how many tenants were seen lately.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tenants: Option<usize>,
+    /// Reserved: what the key has spent, in money (always `null` in this version).
+    spend: Option<serde_json::Value>,
+    /// Reserved: a pause in force on the key (always `null` in this version).
+    pause: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Serialize)]
+struct WindowView {
+    /// `requests`, `tokens` or `output_tokens`.
+    currency: Currency,
+    /// The rate as written in the configuration (`60/m`, `20000/10s burst 500`).
+    rate: String,
+    /// The most the window holds.
+    capacity: u64,
+    /// What it holds now, with fractions (negative: in debt); `null` when not read (an
+    /// aggregate of tenants, or a store that did not answer).
+    level: Option<f64>,
+    /// What it refills a second.
+    refill_per_second: f64,
+}
+
+fn windows(limits: &Limits, levels: Option<&tollgate::Snapshot>) -> Vec<WindowView> {
+    let mut out = Vec::new();
+    for (i, (currency, rate)) in limits.windows().enumerate() {
+        let level = levels
+            .and_then(|s| s.windows().get(i))
+            .filter(|a| a.currency == currency)
+            .map(|a| a.tokens.as_f64());
+        out.push(WindowView {
+            currency,
+            rate: rate.to_string(),
+            capacity: rate.burst(),
+            level,
+            refill_per_second: rate.amount() as f64 / rate.period().as_secs_f64(),
+        });
+    }
+    out
+}
+
+/// An upstream's base URL without its user and password.
+fn shown_url(url: &http::Uri) -> String {
+    let authority = url.authority().map_or("", |a| a.as_str());
+    let host = authority.rsplit('@').next().unwrap_or(authority);
+    let path = url.path().trim_end_matches('/');
+    format!("{}://{host}{path}", url.scheme_str().unwrap_or("https"))
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The limiter holding a key's windows, if its limits are known.
+fn limiter_of(shared: &Shared, upstream: &Upstreamed, key: &str, tenant: bool) -> Option<Limiter> {
+    if tenant {
+        let limits = upstream.tenant_limits.as_ref()?;
+        return shared.registry.limiter(key, limits).ok();
+    }
+    if let Some(limiter) = upstream.gate.limiter_of(key) {
+        return Some(limiter);
+    }
+    match &upstream.config.limits {
+        LimitsFrom::Fixed(limits) => shared.registry.limiter(key, limits).ok(),
+        LimitsFrom::Headers => None,
+    }
+}
+
+/// Reads every key.
+async fn view(shared: &Shared) -> View {
+    let counts = shared.live.counts();
+    let mut store_ok = true;
+    let mut keys = Vec::new();
+    let mut upstreams = Vec::new();
+    for upstream in &shared.upstreams {
+        let name = upstream.name.as_str();
+        upstreams.push(UpstreamView {
+            name: name.to_owned(),
+            profile: upstream.config.profile.clone(),
+            url: shown_url(&upstream.config.url),
+            mount: upstream.config.mount.clone(),
+            limits: match upstream.config.limits {
+                LimitsFrom::Fixed(_) => "fixed",
+                LimitsFrom::Headers => "from-headers",
+            },
+        });
+        let tenant_prefix = format!("{name}:{TENANT_PART}");
+        let aggregate = format!("{tenant_prefix}{OTHER}");
+        let mut models = BTreeSet::new();
+        let mut tenants = BTreeSet::new();
+        let seen = upstream.seen_keys();
+        let counted = counts
+            .keys()
+            .filter(|k| {
+                k.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with(':'))
+            })
+            .cloned();
+        for key in seen.into_iter().chain(counted) {
+            if key == aggregate {
+                continue;
+            }
+            match key.strip_prefix(&tenant_prefix) {
+                Some(tenant) if shared.live.named.contains(tenant) => {
+                    tenants.insert(tenant.to_owned());
+                }
+                Some(_) => {}
+                None => {
+                    if let Some(model) = key.strip_prefix(name).and_then(|r| r.strip_prefix(':')) {
+                        models.insert(model.to_owned());
+                    }
+                }
+            }
+        }
+        if upstream.tenant_limits.is_some() {
+            tenants.extend(shared.live.named.iter().cloned());
+        }
+        let mut entries: Vec<(String, &'static str, Option<String>, Option<String>)> =
+            vec![(name.to_owned(), "upstream", None, None)];
+        entries.extend(
+            models
+                .into_iter()
+                .map(|m| (format!("{name}:{m}"), "model", Some(m), None)),
+        );
+        entries.extend(
+            tenants
+                .into_iter()
+                .map(|t| (format!("{tenant_prefix}{t}"), "tenant", None, Some(t))),
+        );
+        for (key, kind, model, tenant) in entries {
+            let limiter = limiter_of(shared, upstream, &key, kind == "tenant");
+            let snapshot = match &limiter {
+                Some(limiter) if store_ok => {
+                    match tokio::time::timeout(STORE_WAIT, limiter.snapshot()).await {
+                        Ok(Ok(snapshot)) => Some(snapshot),
+                        _ => {
+                            store_ok = false;
+                            None
+                        }
+                    }
+                }
+                _ => None,
+            };
+            keys.push(KeyView {
+                limits: limiter.as_ref().map(|l| l.limits().to_string()),
+                windows: limiter
+                    .as_ref()
+                    .map(|l| windows(l.limits(), snapshot.as_ref()))
+                    .unwrap_or_default(),
+                waiting: limiter.as_ref().map_or(0, Limiter::waiters),
+                counts: counts.get(&key).copied().unwrap_or_default(),
+                key,
+                upstream: name.to_owned(),
+                kind,
+                model,
+                tenant,
+                tenants: None,
+                spend: None,
+                pause: None,
+            });
+        }
+        let (members, waiting) = shared.live.others_of(name);
+        let aggregate_counts = counts.get(&aggregate).copied();
+        if let Some(limits) = &upstream.tenant_limits
+            && (members > 0 || aggregate_counts.is_some())
+        {
+            keys.push(KeyView {
+                key: aggregate,
+                upstream: name.to_owned(),
+                kind: "tenants",
+                model: None,
+                tenant: Some(OTHER.to_owned()),
+                limits: Some(limits.to_string()),
+                windows: windows(limits, None),
+                waiting,
+                counts: aggregate_counts.unwrap_or_default(),
+                tenants: Some(members),
+                spend: None,
+                pause: None,
+            });
+        }
+    }
+    View {
+        version: SHAPE,
+        now: unix_ms(),
+        store: StoreView {
+            kind: shared.live.store,
+            ok: store_ok,
+        },
+        draining: shared.draining.load(Ordering::Relaxed),
+        upstreams,
+        keys,
+    }
+}
+
+fn respond(status: StatusCode, content_type: &'static str, body: Bytes) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(body));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    headers.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
+    response
+}
+
+/// One request to the admin listener.
+async fn serve_request(shared: &Shared, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    let text = "text/plain; charset=utf-8";
+    if request.method() != Method::GET && request.method() != Method::HEAD {
+        let mut response = respond(
+            StatusCode::METHOD_NOT_ALLOWED,
+            text,
+            Bytes::from_static(b"GET only\n"),
+        );
+        response
+            .headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return response;
+    }
+    match request.uri().path() {
+        "/" | "/admin" => {
+            let mut response = respond(StatusCode::PERMANENT_REDIRECT, text, Bytes::new());
+            response
+                .headers_mut()
+                .insert(header::LOCATION, HeaderValue::from_static("/admin/"));
+            response
+        }
+        "/admin/" | "/admin/index.html" => {
+            let mut response = respond(
+                StatusCode::OK,
+                "text/html; charset=utf-8",
+                Bytes::from_static(PAGE.as_bytes()),
+            );
+            // Only its own inline style and script, and fetches of its own JSON.
+            response.headers_mut().insert(
+                header::CONTENT_SECURITY_POLICY,
+                HeaderValue::from_static(
+                    "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+                ),
+            );
+            response
+        }
+        "/admin/api/keys" => {
+            let view = view(shared).await;
+            let body = serde_json::to_vec(&view).unwrap_or_default();
+            respond(StatusCode::OK, "application/json", Bytes::from(body))
+        }
+        _ => respond(
+            StatusCode::NOT_FOUND,
+            text,
+            Bytes::from_static(
+                b"not found: GET /admin/ (the page) or /admin/api/keys (its JSON)\n",
+            ),
+        ),
+    }
+}
+
+/// Serves the admin listener until the task is dropped (its connections with it).
+pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+    let mut connections = JoinSet::new();
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(err) => {
+                tracing::warn!(error = %err, "admin: accept failed");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+        };
+        while connections.try_join_next().is_some() {}
+        if connections.len() >= ADMIN_CONNECTIONS {
+            // A page left open in many tabs: the newest waits for a connection to close.
+            drop(stream);
+            continue;
+        }
+        let _ = stream.set_nodelay(true);
+        let shared = Arc::clone(&shared);
+        let header_timeout = shared.bounds.header_timeout;
+        connections.spawn(async move {
+            let service = service_fn(move |request| {
+                let shared = Arc::clone(&shared);
+                async move { Ok::<_, Infallible>(serve_request(&shared, request).await) }
+            });
+            // A kept-alive connection that sends nothing is closed after the header timeout.
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_timeout)
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_url_is_shown_without_its_credentials() {
+        let url: http::Uri = "https://user:secret@api.example.com:8443/v1/"
+            .parse()
+            .unwrap();
+        assert_eq!(shown_url(&url), "https://api.example.com:8443/v1");
+        let url: http::Uri = "http://127.0.0.1:9".parse().unwrap();
+        assert_eq!(shown_url(&url), "http://127.0.0.1:9");
+    }
+
+    #[test]
+    fn tenants_the_configuration_does_not_name_are_counted_together() {
+        let config = Config::from_toml(
+            r#"
+            [tenants]
+            from = "key"
+            requests = "10/m"
+            default = "anonymous"
+            "#,
+        )
+        .unwrap();
+        let tally = Tally::new(&config);
+        tally.admitted("openai:tenant:k0123456789abcdef");
+        tally.admitted("openai:tenant:kfedcba9876543210");
+        tally.local_429("openai:tenant:anonymous");
+        tally.upstream_429("openai:gpt-4o@requests 10/m");
+        let counts = tally.counts();
+        assert_eq!(counts["openai:tenant:other"].admitted, 2);
+        assert_eq!(counts["openai:tenant:anonymous"].local_429s, 1);
+        assert_eq!(counts["openai:gpt-4o"].upstream_429s, 1);
+        assert_eq!(counts.len(), 3);
+    }
+}
