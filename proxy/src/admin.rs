@@ -31,7 +31,7 @@ use tollgate::{Currency, Limiter, Limits};
 
 use crate::config::{Config, LimitsFrom};
 use crate::metrics::OTHER;
-use crate::state::{Shared, TENANT_PART, Upstreamed};
+use crate::state::{BUDGET, Shared, TENANT_PART, Upstreamed};
 
 /// The status page.
 const PAGE: &str = include_str!("admin.html");
@@ -60,6 +60,14 @@ pub(crate) struct Counts {
     pub(crate) local_429s: u64,
     /// 429s from the upstream (retried here, handed on, or a spent quota).
     pub(crate) upstream_429s: u64,
+    /// Calls refused because a budget was spent.
+    pub(crate) budget_refusals: u64,
+    /// What the key's calls cost, in micro-dollars at their models' prices.
+    #[serde(skip)]
+    pub(crate) spent_micros: u64,
+    /// Until when the key's provider paused it, as this process last heard (Unix ms).
+    #[serde(skip)]
+    pub(crate) paused_until: u64,
 }
 
 /// Each key's counts, and the tenants the configuration doesn't name (kept only for their
@@ -70,6 +78,8 @@ pub(crate) struct Tally {
     /// `memory` or `redis`.
     store: &'static str,
     counts: Mutex<HashMap<String, Counts>>,
+    /// When the counts began (Unix ms).
+    pub(crate) started: u64,
     /// Per upstream: the limiters of tenants not named in the configuration.
     others: Mutex<HashMap<String, HashMap<String, Limiter>>>,
 }
@@ -77,19 +87,14 @@ pub(crate) struct Tally {
 impl Tally {
     pub(crate) fn new(config: &Config) -> Tally {
         Tally {
-            named: config
-                .tenants
-                .virtual_keys
-                .values()
-                .chain(config.tenants.default.iter())
-                .cloned()
-                .collect(),
+            named: config.tenants.named().cloned().collect(),
             store: if config.redis.is_some() {
                 "redis"
             } else {
                 "memory"
             },
             counts: Mutex::new(HashMap::new()),
+            started: unix_ms(),
             others: Mutex::new(HashMap::new()),
         }
     }
@@ -128,6 +133,24 @@ impl Tally {
     /// The upstream answered a call of `key` with 429.
     pub(crate) fn upstream_429(&self, key: &str) {
         self.count(key, |c| c.upstream_429s += 1);
+    }
+
+    /// The upstream paused `key` for `pause` (its 429's retry-after).
+    pub(crate) fn paused(&self, key: &str, pause: Duration) {
+        let until = unix_ms().saturating_add(u64::try_from(pause.as_millis()).unwrap_or(u64::MAX));
+        self.count(key, |c| c.paused_until = c.paused_until.max(until));
+    }
+
+    /// A call at `key` cost `micros` micro-dollars.
+    pub(crate) fn spent(&self, key: &str, micros: u64) {
+        self.count(key, |c| {
+            c.spent_micros = c.spent_micros.saturating_add(micros)
+        });
+    }
+
+    /// A call was refused at the budget `key`.
+    pub(crate) fn budget_refused(&self, key: &str) {
+        self.count(key, |c| c.budget_refusals += 1);
     }
 
     /// A tenant the configuration doesn't name waits at `limiter` (its key is never shown).
@@ -212,9 +235,12 @@ struct KeyView {
     /// For `tenants`: how many tenants were seen lately.
     #[serde(skip_serializing_if = "Option::is_none")]
     tenants: Option<usize>,
-    /// Reserved: what the key has spent, in money (always `null` in this version).
+    /// What the key's calls cost since the proxy started, at their models' prices
+    /// (`{"amount": 12.5, "currency": "USD", "since": <unix ms>}`); `null` before any was
+    /// priced.
     spend: Option<serde_json::Value>,
-    /// Reserved: a pause in force on the key (always `null` in this version).
+    /// A pause its provider put on the key, still in force (`{"until": <unix ms>}`), as this
+    /// process heard it; `null` when none.
     pause: Option<serde_json::Value>,
 }
 
@@ -268,7 +294,8 @@ fn unix_ms() -> u64 {
 /// The limiter holding a key's windows, if its limits are known.
 fn limiter_of(shared: &Shared, upstream: &Upstreamed, key: &str, tenant: bool) -> Option<Limiter> {
     if tenant {
-        let limits = upstream.tenant_limits.as_ref()?;
+        let name = key.rsplit(TENANT_PART).next()?;
+        let limits = shared.tenant_limits(name)?;
         return shared.registry.limiter(key, limits).ok();
     }
     if let Some(limiter) = upstream.gate.limiter_of(key) {
@@ -278,6 +305,22 @@ fn limiter_of(shared: &Shared, upstream: &Upstreamed, key: &str, tenant: bool) -
         LimitsFrom::Fixed(limits) => shared.registry.limiter(key, limits).ok(),
         LimitsFrom::Headers => None,
     }
+}
+
+/// What a key's calls cost, as the view shows it.
+fn spend_of(counts: &Counts, since: u64) -> Option<serde_json::Value> {
+    (counts.spent_micros > 0).then(|| {
+        serde_json::json!({
+            "amount": counts.spent_micros as f64 / 1e6,
+            "currency": "USD",
+            "since": since,
+        })
+    })
+}
+
+/// A pause still in force on a key.
+fn pause_of(counts: &Counts) -> Option<serde_json::Value> {
+    (counts.paused_until > unix_ms()).then(|| serde_json::json!({"until": counts.paused_until}))
 }
 
 /// Reads every key.
@@ -326,8 +369,15 @@ async fn view(shared: &Shared) -> View {
                 }
             }
         }
-        if upstream.tenant_limits.is_some() {
-            tenants.extend(shared.live.named.iter().cloned());
+        if shared.tenant_windows() {
+            tenants.extend(
+                shared
+                    .live
+                    .named
+                    .iter()
+                    .filter(|t| shared.tenant_limits(t).is_some())
+                    .cloned(),
+            );
         }
         let mut entries: Vec<(String, &'static str, Option<String>, Option<String>)> =
             vec![(name.to_owned(), "upstream", None, None)];
@@ -355,6 +405,7 @@ async fn view(shared: &Shared) -> View {
                 }
                 _ => None,
             };
+            let counted = counts.get(&key).copied().unwrap_or_default();
             keys.push(KeyView {
                 limits: limiter.as_ref().map(|l| l.limits().to_string()),
                 windows: limiter
@@ -362,20 +413,20 @@ async fn view(shared: &Shared) -> View {
                     .map(|l| windows(l.limits(), snapshot.as_ref()))
                     .unwrap_or_default(),
                 waiting: limiter.as_ref().map_or(0, Limiter::waiters),
-                counts: counts.get(&key).copied().unwrap_or_default(),
+                counts: counted,
                 key,
                 upstream: name.to_owned(),
                 kind,
                 model,
                 tenant,
                 tenants: None,
-                spend: None,
-                pause: None,
+                spend: spend_of(&counted, shared.live.started),
+                pause: pause_of(&counted),
             });
         }
         let (members, waiting) = shared.live.others_of(name);
         let aggregate_counts = counts.get(&aggregate).copied();
-        if let Some(limits) = &upstream.tenant_limits
+        if let Some(limits) = shared.other_tenant_limits()
             && (members > 0 || aggregate_counts.is_some())
         {
             keys.push(KeyView {
@@ -389,10 +440,75 @@ async fn view(shared: &Shared) -> View {
                 waiting,
                 counts: aggregate_counts.unwrap_or_default(),
                 tenants: Some(members),
-                spend: None,
+                spend: aggregate_counts.and_then(|c| spend_of(&c, shared.live.started)),
                 pause: None,
             });
         }
+    }
+    // The budgets: each upstream's, each tier's shared one, each named tenant's.
+    let mut budgets: Vec<(String, Option<String>, Option<String>, tollgate::Rates)> = Vec::new();
+    for upstream in &shared.upstreams {
+        if !upstream.config.spend.is_empty() {
+            budgets.push((
+                format!("{BUDGET}upstream:{}", upstream.name),
+                Some(upstream.name.clone()),
+                None,
+                upstream.config.spend.clone(),
+            ));
+        }
+    }
+    for tier in shared.config.tenants.tiers.values() {
+        if !tier.spend_total.is_empty() {
+            budgets.push((
+                format!("{BUDGET}tier:{}", tier.name),
+                None,
+                None,
+                tier.spend_total.clone(),
+            ));
+        }
+    }
+    for tenant in &shared.live.named {
+        if let Some(tier) = shared.tier(tenant)
+            && !tier.spend.is_empty()
+        {
+            budgets.push((
+                format!("{BUDGET}{TENANT_PART}{tenant}"),
+                None,
+                Some(tenant.clone()),
+                tier.spend.clone(),
+            ));
+        }
+    }
+    for (key, upstream, tenant, spend) in budgets {
+        let limits = Limits::default().with_spend(spend);
+        let limiter = shared.registry.limiter(&key, &limits).ok();
+        let snapshot = match &limiter {
+            Some(limiter) if store_ok => {
+                match tokio::time::timeout(STORE_WAIT, limiter.snapshot()).await {
+                    Ok(Ok(snapshot)) => Some(snapshot),
+                    _ => {
+                        store_ok = false;
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        let counted = counts.get(&key).copied().unwrap_or_default();
+        keys.push(KeyView {
+            limits: Some(limits.to_string()),
+            windows: windows(&limits, snapshot.as_ref()),
+            waiting: 0,
+            counts: counted,
+            key,
+            upstream: upstream.unwrap_or_default(),
+            kind: "budget",
+            model: None,
+            tenant,
+            tenants: None,
+            spend: spend_of(&counted, shared.live.started),
+            pause: None,
+        });
     }
     View {
         version: SHAPE,

@@ -10,12 +10,12 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
-use tollgate::Error;
 use tollgate::http::{Attempts, BodyError};
+use tollgate::{Attempt, Currency, Dollars, Error, Limits, Rates, Snapshot};
 
 use crate::answer::Kind;
 use crate::config::{Family, UnknownModels};
-use crate::state::{BUFFER_UNIT, Shared, TENANT_PART, Upstreamed, model_entry, model_of};
+use crate::state::{BUDGET, BUFFER_UNIT, Shared, TENANT_PART, Upstreamed, model_entry, model_of};
 use crate::tenant::Tenant;
 
 /// How long a body may come at any rate before the minimum rate applies.
@@ -188,7 +188,82 @@ pub(crate) fn refusal(shared: &Shared, upstream: &Upstreamed, err: &Error) -> Re
     }
 }
 
-/// Reads a metered request for its upstream and pays its tenant's toll: the attempts to
+/// What a tenant's windows held when its call was admitted: the rate-limit headers its answer
+/// carries in place of (or beside) the organization's.
+pub(crate) struct TenantView {
+    pub(crate) snapshot: Snapshot,
+    pub(crate) at: Instant,
+}
+
+/// A prepared call: its attempts, and its tenant's windows when it has some.
+pub(crate) struct Prepared {
+    pub(crate) attempts: Attempts,
+    pub(crate) tenant_view: Option<TenantView>,
+}
+
+/// The budgets a call spends from: its tenant's, its tier's shared one, its upstream's. Each
+/// with its key, its windows, and how it is named to the client.
+pub(crate) fn budgets(
+    shared: &Shared,
+    upstream: &Upstreamed,
+    tenant: Option<&Tenant>,
+) -> Vec<(String, Limits, String)> {
+    let mut out = Vec::new();
+    let spend_only = |rates: &Rates| Limits::default().with_spend(rates.clone());
+    if let Some(tenant) = tenant
+        && let Some(tier) = shared.tier(&tenant.name)
+    {
+        if !tier.spend.is_empty() {
+            out.push((
+                format!("{BUDGET}{TENANT_PART}{}", tenant.name),
+                spend_only(&tier.spend),
+                format!(
+                    "the budget of tenant `{}` ({}, tier `{}`)",
+                    crate::proxy::printable(&tenant.name),
+                    tier.spend.money(),
+                    tier.name
+                ),
+            ));
+        }
+        if !tier.spend_total.is_empty() {
+            out.push((
+                format!("{BUDGET}tier:{}", tier.name),
+                spend_only(&tier.spend_total),
+                format!(
+                    "the shared budget of tier `{}` ({})",
+                    tier.name,
+                    tier.spend_total.money()
+                ),
+            ));
+        }
+    }
+    if !upstream.config.spend.is_empty() {
+        out.push((
+            format!("{BUDGET}upstream:{}", upstream.name),
+            spend_only(&upstream.config.spend),
+            format!(
+                "the budget of upstream `{}` ({})",
+                upstream.name,
+                upstream.config.spend.money()
+            ),
+        ));
+    }
+    out
+}
+
+/// A duration as people write it: `45 s`, `12 min`, `3 h 20 min`, `2 d 4 h`.
+fn human(wait: Duration) -> String {
+    let s = wait.as_secs();
+    match s {
+        0..60 => format!("{:.0} s", wait.as_secs_f64().ceil().max(1.0)),
+        60..3_600 => format!("{} min", s.div_ceil(60)),
+        3_600..86_400 => format!("{} h {} min", s / 3_600, (s % 3_600).div_ceil(60)),
+        _ => format!("{} d {} h", s / 86_400, (s % 86_400).div_ceil(3_600)),
+    }
+}
+
+/// Reads a metered request for its upstream, pays its tenant's toll (its tier's windows, at
+/// this upstream) and reserves its price from every budget it spends from: the attempts to
 /// forward it.
 pub(crate) async fn prepare(
     shared: &Shared,
@@ -196,7 +271,7 @@ pub(crate) async fn prepare(
     tenant: Option<&Tenant>,
     parts: &http::request::Parts,
     body: &Bytes,
-) -> Result<Attempts, Refusal> {
+) -> Result<Prepared, Refusal> {
     let gate = &upstream.gate;
     let estimated = gate
         .read(parts, body)
@@ -220,10 +295,13 @@ pub(crate) async fn prepare(
         }
     }
     let mut attempts = Attempts::of(gate, estimated);
+    let mut tenant_view = None;
     // The tenant's own windows first: while it waits at the organization's key it holds
     // only its own tokens, never the organization's, so no order of waiting can deadlock,
     // and a tenant past its windows can't take the organization's line from the others.
-    if let (Some(tenant), Some(limits)) = (tenant, &upstream.tenant_limits) {
+    if let Some(tenant) = tenant
+        && let Some(limits) = shared.tenant_limits(&tenant.name)
+    {
         let key = format!("{}:{TENANT_PART}{}", upstream.name, tenant.name);
         let limiter = shared
             .registry
@@ -243,6 +321,59 @@ pub(crate) async fn prepare(
             .map_err(|err| refusal(shared, upstream, &err))?;
         shared.live.admitted(&key);
         attempts.attach(permit);
+        if let Ok(snapshot) = limiter.snapshot().await {
+            tenant_view = Some(TenantView {
+                snapshot,
+                at: Instant::now(),
+            });
+        }
     }
-    Ok(attempts)
+    // Budgets never wait: a spent budget is answered as the provider answers a spent quota.
+    for (key, limits, named) in budgets(shared, upstream, tenant) {
+        let limiter = shared
+            .registry
+            .limiter(&key, &limits)
+            .map_err(|err| refusal(shared, upstream, &err))?;
+        let cost = gate
+            .cost_of(attempts.estimated(), Some(&limits))
+            .map_err(|err| refusal(shared, upstream, &err))?;
+        let priced = Dollars(cost.spend);
+        match limiter.try_acquire(cost).await {
+            Ok(Attempt::Admitted(permit)) => attempts.attach(permit),
+            Ok(Attempt::NotYet(wait)) => {
+                upstream.metrics.budget_refusals.increment(1);
+                shared.live.budget_refused(&key);
+                let left = limiter
+                    .snapshot()
+                    .await
+                    .ok()
+                    .and_then(|s| s.least(Currency::Spend))
+                    .map_or(0, |l| u64::try_from(l.whole().max(0)).unwrap_or(0));
+                return Err(Refusal {
+                    kind: Kind::BudgetSpent,
+                    message: format!(
+                        "tollgate-proxy: {named} is spent: {} left, and this call may cost up to {priced}; enough refills in {}",
+                        Dollars(left),
+                        human(wait)
+                    ),
+                    retry_after: Some(wait),
+                });
+            }
+            Err(Error::CostExceedsCapacity { .. }) => {
+                upstream.metrics.budget_refusals.increment(1);
+                shared.live.budget_refused(&key);
+                return Err(Refusal::new(
+                    Kind::BudgetSpent,
+                    format!(
+                        "tollgate-proxy: this call may cost up to {priced}, more than {named} ever holds; lower max_tokens"
+                    ),
+                ));
+            }
+            Err(err) => return Err(refusal(shared, upstream, &err)),
+        }
+    }
+    Ok(Prepared {
+        attempts,
+        tenant_view,
+    })
 }

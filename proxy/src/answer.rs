@@ -34,12 +34,25 @@ pub(crate) enum Kind {
     Unavailable,
     /// The upstream said nothing by the call's deadline (504).
     UpstreamTimeout,
+    /// A budget the call spends from is spent: answered as the provider answers a spent quota
+    /// (OpenAI: 429 `insufficient_quota`, which the SDKs don't retry; Anthropic: 400, as for a
+    /// credit balance too low).
+    BudgetSpent,
 }
 
 impl Kind {
+    /// The status it is answered with, for `family`.
+    pub(crate) fn status_for(self, family: Family) -> StatusCode {
+        match (self, family) {
+            (Kind::BudgetSpent, Family::Anthropic) => StatusCode::BAD_REQUEST,
+            (kind, _) => kind.status(),
+        }
+    }
+
     /// The status it is answered with.
     pub(crate) fn status(self) -> StatusCode {
         match self {
+            Kind::BudgetSpent => StatusCode::TOO_MANY_REQUESTS,
             Kind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             Kind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Kind::Invalid => StatusCode::BAD_REQUEST,
@@ -65,6 +78,7 @@ impl Kind {
             Kind::Upstream => ("server_error", "upstream_unreachable"),
             Kind::Unavailable => ("server_error", "service_unavailable"),
             Kind::UpstreamTimeout => ("server_error", "upstream_timeout"),
+            Kind::BudgetSpent => ("insufficient_quota", "insufficient_quota"),
         }
     }
 
@@ -72,7 +86,9 @@ impl Kind {
         match self {
             Kind::RateLimited => "rate_limit_error",
             Kind::TooLarge => "request_too_large",
-            Kind::Invalid | Kind::SlowBody | Kind::UnsupportedEncoding => "invalid_request_error",
+            Kind::Invalid | Kind::SlowBody | Kind::UnsupportedEncoding | Kind::BudgetSpent => {
+                "invalid_request_error"
+            }
             Kind::Unauthorized => "authentication_error",
             Kind::NotFound => "not_found_error",
             Kind::Upstream | Kind::UpstreamTimeout => "api_error",
@@ -106,7 +122,7 @@ pub(crate) fn answer(
     retry_after: Option<Duration>,
 ) -> Response<Relay> {
     let mut response = Response::new(Relay::full(body(family, kind, message)));
-    *response.status_mut() = kind.status();
+    *response.status_mut() = kind.status_for(family);
     let headers = response.headers_mut();
     headers.insert(
         http::header::CONTENT_TYPE,
@@ -122,6 +138,14 @@ pub(crate) fn answer(
             HeaderValue::from(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1)),
         );
         headers.insert("x-should-retry", HeaderValue::from_static("true"));
+    }
+    if kind == Kind::BudgetSpent {
+        // No SDK retry can help before the budget refills; the message says when it does.
+        headers.insert("x-should-retry", HeaderValue::from_static("false"));
+        if let Some(wait) = retry_after {
+            let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+            headers.insert(http::header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+        }
     }
     response
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use tollgate::http::Profile;
+use tollgate::http::models::Price;
 use tollgate::{Limits, Rates};
 
 /// A configuration that can't be used, with every problem found.
@@ -42,10 +43,57 @@ pub struct Config {
     pub other_paths: OtherPaths,
     /// What a client may hold, and for how long.
     pub bounds: Bounds,
-    /// Where tenants come from, and their windows.
+    /// Where tenants come from, and their tiers.
     pub tenants: Tenants,
     /// The upstreams, in the order they are tried for a path.
     pub upstreams: Vec<Upstream>,
+    /// Deployment pools: models served by several upstreams, each call sent to the member
+    /// that can admit it soonest.
+    pub pools: Vec<Pool>,
+}
+
+/// A tier: the windows and budgets of each tenant in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tier {
+    /// Its name (`team`, `batch`).
+    pub name: String,
+    /// Each tenant's windows at each upstream (requests, tokens, output tokens); `None`: none.
+    pub limits: Option<Limits>,
+    /// Each tenant's budget, across every upstream (`"$50/d"`); empty: none.
+    pub spend: Rates,
+    /// One budget every tenant of the tier shares, across every upstream; empty: none.
+    pub spend_total: Rates,
+}
+
+/// A model served by several upstreams (deployments, keys, regions), each with its own
+/// windows and its own key: each call goes to the member that can admit it soonest, and a
+/// 429 or 5xx before the answer's first byte moves it to another member.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pool {
+    /// Its name (a metrics label).
+    pub name: String,
+    /// The model names it serves (a family's prefix, like the upstreams' `models`); empty:
+    /// every call routed to one of its members.
+    pub models: Vec<String>,
+    /// The upstreams that serve it, by name. They speak the same API (one profile).
+    pub members: Vec<String>,
+}
+
+/// One model an upstream lists.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    /// Its name, or the prefix of a family of names (`gpt-4o` also holds
+    /// `gpt-4o-2024-08-06`).
+    pub name: String,
+    /// Its own limits (`None`: the upstream's).
+    pub limits: Option<LimitsFrom>,
+    /// Other names counted as this model (`gpt-4o` for `gpt-4o-2024-08-06`).
+    pub aliases: Vec<String>,
+    /// The most output a call may write (what a call without `max_tokens` reserves); `None`:
+    /// the profile's figure.
+    pub max_output: Option<u64>,
+    /// Its price per million tokens; `None`: the profile's figure.
+    pub price: Option<Price>,
 }
 
 /// What a client may hold, and for how long. Every limit has a default.
@@ -119,8 +167,14 @@ pub enum TenantFrom {
 pub struct Tenants {
     /// How a call's tenant is found.
     pub from: TenantFrom,
-    /// Each tenant's own windows, per upstream (none: tenants share the organization's).
-    pub limits: Option<Limits>,
+    /// The tiers, by name. The windows written in `[tenants]` itself (`requests`, `tokens`,
+    /// `output_tokens`, `spend`) are the tier `default`.
+    pub tiers: BTreeMap<String, Tier>,
+    /// The tier of a tenant no virtual key or `[tenants.tier_of]` places (default: `default`,
+    /// when there is such a tier; else such tenants have no windows of their own).
+    pub default_tier: Option<String>,
+    /// Each named tenant's tier (from `[tenants.tier_of]` and the virtual keys').
+    pub tier_of: BTreeMap<String, String>,
     /// Virtual keys: the key a client presents → its tenant's name. When any are given, only
     /// these keys are accepted, and the upstream's own key (`api_key_env`) replaces them.
     pub virtual_keys: BTreeMap<String, String>,
@@ -149,7 +203,7 @@ pub enum KeyPaths {
 }
 
 /// Where an upstream's keys get their limits.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LimitsFrom {
     /// These, for every key (model or deployment) of the upstream.
     Fixed(Limits),
@@ -193,8 +247,11 @@ pub struct Upstream {
     /// (or is refused: `unknown_models`). Clients choose model names: they can never make
     /// keys of their own.
     pub per_model: bool,
-    /// The models with keys of their own (names, or prefixes of families of names).
-    pub models: Vec<String>,
+    /// The models with keys of their own (names, or prefixes of families of names), each
+    /// with its own limits, aliases, most output and price where given.
+    pub models: Vec<ModelConfig>,
+    /// A budget of the whole upstream, across its models (`"$500/d"`); empty: none.
+    pub spend: Rates,
     /// What happens to a model not listed (default: it shares the upstream's key).
     pub unknown_models: UnknownModels,
     /// What a call that names no `max_tokens` reserves for a model the profile doesn't know
@@ -301,8 +358,72 @@ struct File {
     body_min_bytes_per_second: Option<u64>,
     write_timeout_seconds: Option<f64>,
     tenants: Option<TenantsFile>,
+    #[serde(default)]
+    tiers: BTreeMap<String, TierFile>,
     #[serde(default, rename = "upstream")]
     upstreams: Vec<UpstreamFile>,
+    #[serde(default, rename = "pool")]
+    pools: Vec<PoolFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TierFile {
+    requests: Option<String>,
+    tokens: Option<String>,
+    output_tokens: Option<String>,
+    spend: Option<String>,
+    spend_total: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PoolFile {
+    name: String,
+    #[serde(default)]
+    models: Vec<String>,
+    members: Vec<String>,
+}
+
+/// A virtual key's tenant: its name, or its name and tier.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum VirtualKeyFile {
+    Tenant(String),
+    WithTier {
+        tenant: String,
+        tier: Option<String>,
+    },
+}
+
+/// An upstream's models: names only, or a table of each model's settings.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ModelsFile {
+    Names(Vec<String>),
+    Table(BTreeMap<String, ModelFile>),
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModelFile {
+    limits: Option<String>,
+    requests: Option<String>,
+    tokens: Option<String>,
+    output_tokens: Option<String>,
+    #[serde(default)]
+    aliases: Vec<String>,
+    max_output: Option<u64>,
+    price: Option<PriceFile>,
+}
+
+/// Dollars per million tokens.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PriceFile {
+    input: f64,
+    cached_input: Option<f64>,
+    output: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -312,9 +433,13 @@ struct TenantsFile {
     requests: Option<String>,
     tokens: Option<String>,
     output_tokens: Option<String>,
+    spend: Option<String>,
     #[serde(default)]
-    virtual_keys: BTreeMap<String, String>,
+    virtual_keys: BTreeMap<String, VirtualKeyFile>,
     default: Option<String>,
+    default_tier: Option<String>,
+    #[serde(default)]
+    tier_of: BTreeMap<String, String>,
     header_secret_env: Option<String>,
     trusted_network: Option<bool>,
     virtual_key_paths: Option<KeyPaths>,
@@ -334,8 +459,8 @@ struct UpstreamFile {
     mount: Option<String>,
     strip: Option<String>,
     per_model: Option<bool>,
-    #[serde(default)]
-    models: Vec<String>,
+    models: Option<ModelsFile>,
+    spend: Option<String>,
     unknown_models: Option<UnknownModels>,
     default_max_tokens: Option<u64>,
     timeout_seconds: Option<f64>,
@@ -508,10 +633,7 @@ impl Config {
                 &mut problems,
             ),
         };
-        let tenants = match file.tenants {
-            None => Tenants::none(),
-            Some(t) => tenants(t, &mut problems),
-        };
+        let tenants = tenants(file.tenants, file.tiers, &mut problems);
         let mut upstreams = Vec::new();
         for (i, u) in file.upstreams.into_iter().enumerate() {
             upstreams.push(upstream(i, u, &mut problems));
@@ -524,6 +646,7 @@ impl Config {
         if upstreams.is_empty() {
             upstreams = Config::public_upstreams();
         }
+        let pools = pools(file.pools, &upstreams, &mut problems);
         if !tenants.virtual_keys.is_empty() {
             for u in &upstreams {
                 if u.api_key_env.is_none() {
@@ -547,6 +670,27 @@ impl Config {
             bounds,
             tenants,
             upstreams,
+            pools,
+        })
+    }
+
+    /// The configuration in a TOML file.
+    pub fn from_file(path: &std::path::Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(vec![format!("{}: {e}", path.display())]))?;
+        Config::from_toml(&text)
+    }
+
+    /// The pool `upstream` is a member of, for a call of `model`.
+    pub fn pool_of(&self, upstream: &str, model: Option<&str>) -> Option<&Pool> {
+        self.pools.iter().find(|pool| {
+            pool.members.iter().any(|m| m == upstream)
+                && (pool.models.is_empty()
+                    || model.is_some_and(|model| {
+                        pool.models
+                            .iter()
+                            .any(|name| crate::state::family_of(model, name))
+                    }))
         })
     }
 
@@ -563,6 +707,7 @@ impl Config {
             bounds: Bounds::default(),
             tenants: Tenants::none(),
             upstreams: Config::public_upstreams(),
+            pools: Vec::new(),
         }
     }
 
@@ -629,7 +774,66 @@ impl Config {
     }
 }
 
-fn tenants(t: TenantsFile, problems: &mut Vec<String>) -> Tenants {
+/// A budget written in dollars, or none.
+fn budget(text: Option<&str>, what: &str, problems: &mut Vec<String>) -> Rates {
+    match text.map(Rates::parse_money) {
+        None => Rates::none(),
+        Some(Ok(rates)) => rates,
+        Some(Err(e)) => {
+            problems.push(format!("{what}: {e}"));
+            Rates::none()
+        }
+    }
+}
+
+fn tier(name: &str, t: TierFile, problems: &mut Vec<String>) -> Tier {
+    let what = format!("tiers.{name}");
+    if !plain_name(name) {
+        problems.push(format!(
+            "{what}: a tier's name must be 1 to 64 of A-Z a-z 0-9 . _ -"
+        ));
+    }
+    let limits = limits_from(
+        t.requests.as_deref(),
+        t.tokens.as_deref(),
+        t.output_tokens.as_deref(),
+    )
+    .unwrap_or_else(|e| {
+        problems.push(format!("{what}: {e}"));
+        None
+    });
+    Tier {
+        name: name.to_owned(),
+        limits,
+        spend: budget(t.spend.as_deref(), &format!("{what}.spend"), problems),
+        spend_total: budget(
+            t.spend_total.as_deref(),
+            &format!("{what}.spend_total"),
+            problems,
+        ),
+    }
+}
+
+fn tenants(
+    t: Option<TenantsFile>,
+    tier_files: BTreeMap<String, TierFile>,
+    problems: &mut Vec<String>,
+) -> Tenants {
+    let mut tiers: BTreeMap<String, Tier> = tier_files
+        .into_iter()
+        .map(|(name, t)| (name.clone(), tier(&name, t, problems)))
+        .collect();
+    let Some(t) = t else {
+        if !tiers.is_empty() {
+            problems.push(
+                "tiers are configured but no [tenants] says where tenants come from".to_owned(),
+            );
+        }
+        return Tenants {
+            tiers,
+            ..Tenants::none()
+        };
+    };
     let from = match t.from.as_deref() {
         None | Some("none") => TenantFrom::None,
         Some("key") => TenantFrom::Key,
@@ -649,21 +853,51 @@ fn tenants(t: TenantsFile, problems: &mut Vec<String>) -> Tenants {
             }
         },
     };
-    let limits = limits_from(
-        t.requests.as_deref(),
-        t.tokens.as_deref(),
-        t.output_tokens.as_deref(),
-    )
-    .unwrap_or_else(|e| {
-        problems.push(format!("tenants: {e}"));
-        None
-    });
-    let from = if !t.virtual_keys.is_empty() && from == TenantFrom::None {
+    // The windows written in [tenants] itself are the tier `default`.
+    let own = TierFile {
+        requests: t.requests,
+        tokens: t.tokens,
+        output_tokens: t.output_tokens,
+        spend: t.spend,
+        spend_total: None,
+    };
+    if own.requests.is_some()
+        || own.tokens.is_some()
+        || own.output_tokens.is_some()
+        || own.spend.is_some()
+    {
+        if tiers.contains_key("default") {
+            problems.push(
+                "tenants: rates in [tenants] are the tier `default`, and [tiers.default] gives it too; write them once".to_owned(),
+            );
+        }
+        tiers.insert("default".to_owned(), tier("default", own, problems));
+    }
+    let mut virtual_keys = BTreeMap::new();
+    let mut tier_of = t.tier_of;
+    for (key, entry) in t.virtual_keys {
+        let (name, tier) = match entry {
+            VirtualKeyFile::Tenant(name) => (name, None),
+            VirtualKeyFile::WithTier { tenant, tier } => (tenant, tier),
+        };
+        if let Some(tier) = tier {
+            match tier_of.get(&name) {
+                Some(other) if *other != tier => problems.push(format!(
+                    "tenants.virtual_keys: the tenant `{name}` is given the tiers `{other}` and `{tier}`; one tenant, one tier"
+                )),
+                _ => {
+                    tier_of.insert(name.clone(), tier);
+                }
+            }
+        }
+        virtual_keys.insert(key, name);
+    }
+    let from = if !virtual_keys.is_empty() && from == TenantFrom::None {
         TenantFrom::Key
     } else {
         from
     };
-    for (key, name) in &t.virtual_keys {
+    for (key, name) in &virtual_keys {
         if !plain_name(name) {
             problems.push(format!(
                 "tenants.virtual_keys: the tenant name `{name}` must be 1 to 64 of A-Z a-z 0-9 . _ -"
@@ -674,6 +908,25 @@ fn tenants(t: TenantsFile, problems: &mut Vec<String>) -> Tenants {
                 "tenants.virtual_keys: a key must be at least 8 characters, without spaces"
                     .to_owned(),
             );
+        }
+    }
+    let default_tier = match t.default_tier {
+        Some(tier) => Some(tier),
+        None => tiers.contains_key("default").then(|| "default".to_owned()),
+    };
+    let named = tier_of
+        .iter()
+        .map(|(tenant, tier)| (format!("the tenant `{tenant}`"), tier))
+        .chain(
+            default_tier
+                .iter()
+                .map(|tier| ("default_tier".to_owned(), tier)),
+        );
+    for (who, tier) in named {
+        if !tiers.contains_key(tier) {
+            problems.push(format!(
+                "tenants: {who} names the tier `{tier}`, which no [tiers.{tier}] gives"
+            ));
         }
     }
     if let Some(default) = &t.default
@@ -709,13 +962,152 @@ fn tenants(t: TenantsFile, problems: &mut Vec<String>) -> Tenants {
     }
     Tenants {
         from,
-        limits,
-        virtual_keys: t.virtual_keys,
+        tiers,
+        default_tier,
+        tier_of,
+        virtual_keys,
         default: t.default,
         header_secret,
         trusted_network,
         virtual_key_paths: t.virtual_key_paths.unwrap_or(KeyPaths::Metered),
     }
+}
+
+fn pools(files: Vec<PoolFile>, upstreams: &[Upstream], problems: &mut Vec<String>) -> Vec<Pool> {
+    let mut pools = Vec::new();
+    for p in files {
+        let what = format!("pool `{}`", p.name);
+        if !plain_name(&p.name) {
+            problems.push(format!(
+                "{what}: a pool's name must be 1 to 64 of A-Z a-z 0-9 . _ -"
+            ));
+        }
+        if p.members.len() < 2 {
+            problems.push(format!("{what}: a pool needs two members or more"));
+        }
+        let mut profile: Option<&str> = None;
+        for member in &p.members {
+            match upstreams.iter().find(|u| &u.name == member) {
+                None => problems.push(format!("{what}: no upstream is named `{member}`")),
+                Some(u) => match profile {
+                    Some(first) if first != u.profile => problems.push(format!(
+                        "{what}: its members speak different APIs (`{first}` and `{}`); a pool's members share one profile",
+                        u.profile
+                    )),
+                    _ => profile = Some(&u.profile),
+                },
+            }
+            let others = pools
+                .iter()
+                .chain(std::iter::empty())
+                .filter(|other: &&Pool| other.members.contains(member))
+                .count();
+            if others > 0 {
+                problems.push(format!(
+                    "{what}: `{member}` is a member of another pool too; an upstream is in one pool at most"
+                ));
+            }
+        }
+        pools.push(Pool {
+            name: p.name,
+            models: p.models,
+            members: p.members,
+        });
+    }
+    pools
+}
+
+fn price(p: &PriceFile, what: &str, problems: &mut Vec<String>) -> Option<Price> {
+    let fine = |v: f64| v.is_finite() && (0.0..=1_000_000.0).contains(&v);
+    let input = p.input;
+    let cached = p.cached_input.unwrap_or(input);
+    let output = p.output.unwrap_or(0.0);
+    if !(fine(input) && fine(cached) && fine(output)) {
+        problems.push(format!(
+            "{what}: prices are dollars per million tokens, from 0 to 1,000,000"
+        ));
+        return None;
+    }
+    Some(Price {
+        input: (input * 1e6).round() as u64,
+        cached_input: (cached * 1e6).round() as u64,
+        output: (output * 1e6).round() as u64,
+    })
+}
+
+fn model_limits(f: &ModelFile, what: &str, problems: &mut Vec<String>) -> Option<LimitsFrom> {
+    let fixed = limits_from(
+        f.requests.as_deref(),
+        f.tokens.as_deref(),
+        f.output_tokens.as_deref(),
+    )
+    .unwrap_or_else(|e| {
+        problems.push(format!("{what}: {e}"));
+        None
+    });
+    match (f.limits.as_deref(), fixed) {
+        (None, None) => None,
+        (Some("from-headers"), None) => Some(LimitsFrom::Headers),
+        (None, Some(limits)) => Some(LimitsFrom::Fixed(limits)),
+        (Some("from-headers"), Some(_)) => {
+            problems.push(format!(
+                "{what}: limits = \"from-headers\" and rates at once; choose one"
+            ));
+            None
+        }
+        (Some(other), _) => {
+            problems.push(format!(
+                "{what}: limits = `{other}`; the only word it takes is \"from-headers\""
+            ));
+            None
+        }
+    }
+}
+
+fn models(file: Option<ModelsFile>, what: &str, problems: &mut Vec<String>) -> Vec<ModelConfig> {
+    let check = |name: &str, problems: &mut Vec<String>| {
+        if name.is_empty() || name.len() > 128 || name.chars().any(char::is_control) {
+            problems.push(format!(
+                "{what}: models: `{}` is not a model name",
+                name.escape_debug()
+            ));
+        }
+    };
+    let listed = match file {
+        None => Vec::new(),
+        Some(ModelsFile::Names(names)) => names
+            .into_iter()
+            .map(|name| (name, ModelFile::default()))
+            .collect(),
+        Some(ModelsFile::Table(table)) => table.into_iter().collect(),
+    };
+    let mut out = Vec::new();
+    for (name, f) in listed {
+        check(&name, problems);
+        for alias in &f.aliases {
+            check(alias, problems);
+        }
+        let at = format!("{what}: models.{name}");
+        out.push(ModelConfig {
+            limits: model_limits(&f, &at, problems),
+            aliases: f.aliases.clone(),
+            max_output: f.max_output,
+            price: f.price.as_ref().and_then(|p| price(p, &at, problems)),
+            name,
+        });
+    }
+    let mut names: Vec<&str> = out
+        .iter()
+        .flat_map(|m| std::iter::once(m.name.as_str()).chain(m.aliases.iter().map(String::as_str)))
+        .collect();
+    names.sort_unstable();
+    if let Some(twice) = names.windows(2).find(|w| w[0] == w[1]) {
+        problems.push(format!(
+            "{what}: the model name `{}` is listed twice (as a model or an alias)",
+            twice[0].escape_debug()
+        ));
+    }
+    out
 }
 
 fn upstream(i: usize, u: UpstreamFile, problems: &mut Vec<String>) -> Upstream {
@@ -751,14 +1143,8 @@ fn upstream(i: usize, u: UpstreamFile, problems: &mut Vec<String>) -> Upstream {
             LimitsFrom::Headers
         }
     };
-    for model in &u.models {
-        if model.is_empty() || model.len() > 128 || model.chars().any(char::is_control) {
-            problems.push(format!(
-                "{what}: models: `{}` is not a model name",
-                model.escape_debug()
-            ));
-        }
-    }
+    let models = models(u.models, &what, problems);
+    let spend = budget(u.spend.as_deref(), &format!("{what}: spend"), problems);
     let upstream = Upstream {
         name: name.clone(),
         url,
@@ -768,7 +1154,8 @@ fn upstream(i: usize, u: UpstreamFile, problems: &mut Vec<String>) -> Upstream {
         mount: prefix(u.mount, &format!("{what}: mount"), problems),
         strip: prefix(u.strip, &format!("{what}: strip"), problems),
         per_model: u.per_model.unwrap_or(true),
-        models: u.models,
+        models,
+        spend,
         unknown_models: u.unknown_models.unwrap_or(UnknownModels::Shared),
         default_max_tokens: u.default_max_tokens,
         timeout: timeout(
@@ -817,6 +1204,7 @@ impl Upstream {
             strip: String::new(),
             per_model: true,
             models: Vec::new(),
+            spend: Rates::none(),
             unknown_models: UnknownModels::Shared,
             default_max_tokens: None,
             timeout: DEFAULT_TIMEOUT,
@@ -834,7 +1222,9 @@ impl Tenants {
     pub fn none() -> Tenants {
         Tenants {
             from: TenantFrom::None,
-            limits: None,
+            tiers: BTreeMap::new(),
+            default_tier: None,
+            tier_of: BTreeMap::new(),
             virtual_keys: BTreeMap::new(),
             default: None,
             header_secret: None,
@@ -846,6 +1236,23 @@ impl Tenants {
     /// Whether calls have tenants at all.
     pub fn any(&self) -> bool {
         self.from != TenantFrom::None || !self.virtual_keys.is_empty()
+    }
+
+    /// The tenants the configuration names: virtual keys' tenants, the default tenant, and
+    /// those given a tier.
+    pub fn named(&self) -> impl Iterator<Item = &String> {
+        self.virtual_keys
+            .values()
+            .chain(self.default.iter())
+            .chain(self.tier_of.keys())
+    }
+
+    /// The tier of the tenant `name`: its own, or the default tier.
+    pub fn tier_of(&self, name: &str) -> Option<&Tier> {
+        self.tier_of
+            .get(name)
+            .or(self.default_tier.as_ref())
+            .and_then(|tier| self.tiers.get(tier))
     }
 }
 
@@ -936,7 +1343,9 @@ mod tests {
         .unwrap();
         assert_eq!(config.tenants.from, TenantFrom::Key);
         assert_eq!(config.tenants.virtual_keys["vk-1-long-enough"], "alice");
-        assert_eq!(config.tenants.limits.unwrap().to_string(), "requests 10/m");
+        let tier = config.tenants.tier_of("alice").unwrap();
+        assert_eq!(tier.name, "default");
+        assert_eq!(tier.limits.as_ref().unwrap().to_string(), "requests 10/m");
         assert_eq!(config.tenants.virtual_key_paths, KeyPaths::Metered);
     }
 
@@ -974,7 +1383,8 @@ mod tests {
         let u = &config.upstreams[0];
         assert_eq!(u.chunk_timeout, Duration::from_secs(7));
         assert_eq!(u.timeout, Duration::from_secs(120));
-        assert_eq!(u.models, ["m1"]);
+        assert_eq!(u.models.len(), 1);
+        assert_eq!(u.models[0].name, "m1");
         assert_eq!(u.unknown_models, UnknownModels::Refuse);
     }
 }

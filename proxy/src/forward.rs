@@ -9,13 +9,14 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, Uri, Version};
 use http_body_util::Full;
+use std::time::Duration;
 use tokio::time::Instant;
-use tollgate::http::{Attempts, Next, Settlement};
+use tollgate::http::{Attempts, Next, Profile, Settlement};
 
-use crate::admit::refusal;
+use crate::admit::{Prepared, TenantView, refusal};
 use crate::answer::{Kind, answer};
 use crate::relay::{Gapped, Relay, Unread};
-use crate::state::{Shared, Upstreamed};
+use crate::state::{Shared, TENANT_PART, Upstreamed, key_of, model_entry};
 use crate::tenant::{KEY_HEADERS, Tenant};
 
 /// The headers that belong to one connection, never forwarded (RFC 9110 §7.6.1).
@@ -150,6 +151,8 @@ pub(crate) async fn unmetered(
 #[derive(Debug, Default)]
 pub(crate) struct Line {
     pub(crate) upstream: String,
+    /// The key the delivered attempt was admitted at.
+    pub(crate) key: String,
     pub(crate) route: &'static str,
     pub(crate) tenant: Option<String>,
     pub(crate) model: Option<String>,
@@ -182,55 +185,246 @@ impl Line {
     }
 }
 
+/// The rate-limit headers of a tenant's answer: for each currency, the tighter of its own
+/// windows (as they stand now) and the organization's count the upstream sent, in the
+/// provider's own header names.
+fn tenant_headers(profile: &Profile, view: &TenantView, headers: &mut HeaderMap) {
+    let elapsed = view.at.elapsed().as_secs_f64();
+    let now = std::time::SystemTime::now();
+    for names in profile.header_names() {
+        let currency = names.currency;
+        // The window of the currency that holds least now, refilled since the snapshot.
+        let tightest = view
+            .snapshot
+            .of(currency)
+            .map(|window| {
+                let rate = window.rate;
+                let per_second = rate.amount() as f64 / rate.period().as_secs_f64();
+                let level =
+                    (window.tokens.as_f64() + per_second * elapsed).min(rate.burst() as f64);
+                let to_full = (rate.burst() as f64 - level).max(0.0) / per_second;
+                (rate, level, to_full)
+            })
+            .min_by(|a, b| a.1.total_cmp(&b.1));
+        let Some((rate, level, to_full)) = tightest else {
+            continue;
+        };
+        let remaining = level.max(0.0).floor() as u64;
+        let theirs = headers
+            .get(names.remaining.as_ref())
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if theirs.is_some_and(|theirs| theirs <= remaining) {
+            continue;
+        }
+        let reset = Duration::from_secs_f64(to_full.min(1e9));
+        profile.write_rate_headers(headers, currency, rate.amount(), remaining, reset, now);
+    }
+}
+
+/// How a call is sent: to its upstream, or to the member of its pool that can admit it
+/// soonest.
+struct Sending<'a> {
+    shared: &'a Shared,
+    /// The client's head, the path on the upstream, the body.
+    client: http::request::Parts,
+    path: String,
+    /// The pool's members (empty: no pool) and those that failed this call.
+    members: Vec<Arc<Upstreamed>>,
+    failed: Vec<String>,
+}
+
+impl Sending<'_> {
+    /// The model a member's key is named after.
+    fn model<'m>(
+        &'m self,
+        attempts: &'m Attempts,
+        family: crate::config::Family,
+    ) -> Option<&'m str> {
+        match family {
+            crate::config::Family::Azure => {
+                crate::state::model_of(family, &self.client, &serde_json::Value::Null)
+            }
+            _ => attempts.estimated().model(),
+        }
+    }
+
+    /// The next attempt's member and call: the first member (from a rotating start) that can
+    /// admit it now, else the one that can soonest (a member paused by its provider waits
+    /// out its pause there).
+    async fn admit(
+        &mut self,
+        attempts: &mut Attempts,
+        current: &Arc<Upstreamed>,
+    ) -> Result<(Arc<Upstreamed>, tollgate::http::Call), tollgate::Error> {
+        if self.members.is_empty() {
+            return Ok((Arc::clone(current), attempts.admit().await?));
+        }
+        let mut candidates: Vec<Arc<Upstreamed>> = self
+            .members
+            .iter()
+            .filter(|m| !self.failed.contains(&m.name))
+            .cloned()
+            .collect();
+        if candidates.is_empty() {
+            candidates = self.members.clone();
+        }
+        let start = self
+            .shared
+            .next_member
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let count = candidates.len();
+        candidates.rotate_left(start % count);
+        let mut best: Option<(Arc<Upstreamed>, Duration)> = None;
+        let mut failure = None;
+        for member in candidates {
+            let key = key_of(
+                &member.config,
+                &member.profile,
+                self.model(attempts, member.family),
+            );
+            attempts.switch(&member.gate, key);
+            match attempts.admit_now().await {
+                Ok(call) => return Ok((member, call)),
+                Err(tollgate::Error::Timeout { needed, .. }) => {
+                    let wait = needed.unwrap_or(Duration::MAX);
+                    if best.as_ref().is_none_or(|(_, b)| wait < *b) {
+                        best = Some((member, wait));
+                    }
+                }
+                Err(err) => failure = Some(err),
+            }
+        }
+        let Some((member, _)) = best else {
+            return Err(failure.unwrap_or_else(|| tollgate::Error::NoLimits {
+                key: "pool".to_owned(),
+            }));
+        };
+        let key = key_of(
+            &member.config,
+            &member.profile,
+            self.model(attempts, member.family),
+        );
+        attempts.switch(&member.gate, key);
+        let call = attempts.admit().await?;
+        Ok((member, call))
+    }
+}
+
 /// Sends a metered request: each attempt pays its toll, goes out, and is delivered metered,
-/// retried, or handed on.
+/// retried, or handed on. A call of a pool goes to the member that can admit it soonest, and
+/// moves to another after a 429 or a 5xx before its answer's first byte, within its deadline.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn metered(
     shared: &Shared,
     upstream: Arc<Upstreamed>,
-    parts: http::request::Parts,
+    client: http::request::Parts,
+    path: &str,
     body: Bytes,
-    mut attempts: Attempts,
+    prepared: Prepared,
     tenant: Option<&Tenant>,
     route: &'static str,
 ) -> Response<Relay> {
+    let Prepared {
+        mut attempts,
+        tenant_view,
+    } = prepared;
     let family = upstream.family;
     let deadline = attempts.deadline();
     let started = Instant::now();
+    let model = attempts.estimated().model().map(crate::proxy::printable);
+    let pool = shared
+        .config
+        .pool_of(&upstream.name, attempts.estimated().model())
+        .cloned();
+    let mut sending = Sending {
+        shared,
+        client,
+        path: path.to_owned(),
+        members: pool
+            .iter()
+            .flat_map(|p| p.members.iter())
+            .filter_map(|name| shared.upstream_named(name).cloned())
+            .collect(),
+        failed: Vec::new(),
+    };
     let line = Arc::new(Mutex::new(Line {
         upstream: upstream.name.clone(),
         route,
         tenant: tenant.map(|t| t.name.clone()),
-        model: attempts.estimated().model().map(crate::proxy::printable),
+        model: model.clone(),
         estimated: attempts.estimated().input_tokens() + attempts.estimated().most_output(),
         ..Line::default()
     }));
     {
         let line = Arc::clone(&line);
         let settled = upstream.metrics.settled_tokens.clone();
+        let model_label = attempts
+            .estimated()
+            .model()
+            .and_then(|m| model_entry(&upstream.config, &upstream.profile, m))
+            .unwrap_or_else(|| crate::metrics::OTHER.to_owned());
+        let tenant_label = tenant.map_or_else(
+            || "-".to_owned(),
+            |t| {
+                if t.configured {
+                    t.name.clone()
+                } else {
+                    crate::metrics::OTHER.to_owned()
+                }
+            },
+        );
+        let live = Arc::clone(&shared.live);
+        let tenant_key = tenant.map(|t| format!("{}:{TENANT_PART}{}", upstream.name, t.name));
+        let budgets: Vec<String> = crate::admit::budgets(shared, &upstream, tenant)
+            .into_iter()
+            .map(|(key, _, _)| key)
+            .collect();
         attempts.on_settled(Box::new(move |settlement: &Settlement| {
             if let Some(usage) = settlement.usage {
                 settled.increment(usage.tokens.unwrap_or(0) + usage.output_tokens.unwrap_or(0));
             }
-            line.lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .write(settlement);
+            let line = line.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(spend) = settlement.spend {
+                crate::metrics::spent(&line.upstream, &model_label, &tenant_label, spend);
+                for key in std::iter::once(&line.key)
+                    .chain(tenant_key.iter())
+                    .chain(budgets.iter())
+                {
+                    live.spent(key, spend);
+                }
+            }
+            line.write(settlement);
         }));
     }
     let mut upstream_time = std::time::Duration::ZERO;
+    let mut upstream = upstream;
     loop {
         let admission = Instant::now();
-        let mut call = match attempts.admit().await {
-            Ok(call) => call,
+        let (member, mut call) = match sending.admit(&mut attempts, &upstream).await {
+            Ok(admitted) => admitted,
             Err(err) => {
                 let refused = refusal(shared, &upstream, &err);
                 return answer(family, refused.kind, &refused.message, refused.retry_after);
             }
         };
+        upstream = member;
         let waited = admission.elapsed();
         upstream.saw_key(call.key());
         shared.live.admitted(call.key());
         let key = call.key().to_owned();
-        let mut head = parts.clone();
+        let Some(mut head) =
+            upstream_head(shared, &upstream, sending.client.clone(), &sending.path)
+        else {
+            return answer(
+                family,
+                Kind::Invalid,
+                "tollgate-proxy: the path can't be forwarded",
+                None,
+            );
+        };
+        // The usage can only be read from bytes as they were written.
+        head.headers.remove(header::ACCEPT_ENCODING);
         let sent_body = match call.body() {
             Some(rewritten) => {
                 call.rewrite_headers(&mut head.headers);
@@ -253,7 +447,17 @@ pub(crate) async fn metered(
         };
         let response = match response {
             Ok(response) => response,
-            Err(err) => return unreachable_upstream(&upstream, &err),
+            Err(err) => {
+                if sending.members.len() > sending.failed.len() + 1 {
+                    // Another member may be reachable: this one failed the call.
+                    upstream.metrics.upstream_errors.increment(1);
+                    upstream.metrics.moved.increment(1);
+                    sending.failed.push(upstream.name.clone());
+                    drop(call);
+                    continue;
+                }
+                return unreachable_upstream(&upstream, &err);
+            }
         };
         let took = sent.elapsed();
         upstream_time += took;
@@ -264,6 +468,8 @@ pub(crate) async fn metered(
             line.wait_ms += waited.as_secs_f64() * 1e3;
             line.status = head.status.as_u16();
             line.retries = attempts.retried();
+            line.upstream = upstream.name.clone();
+            line.key = key.clone();
         }
         let gapped = Gapped::new(
             incoming,
@@ -291,6 +497,18 @@ pub(crate) async fn metered(
         };
         match next {
             Next::Deliver(metered) => {
+                let in_time = deadline.is_none_or(|d| Instant::now() < d);
+                if head.status.is_server_error()
+                    && sending.members.len() > sending.failed.len() + 1
+                    && in_time
+                {
+                    // A 5xx before the first byte of an answer: another member serves it. This
+                    // one keeps the call's charge (the metered body, dropped, settles it).
+                    upstream.metrics.moved.increment(1);
+                    sending.failed.push(upstream.name.clone());
+                    drop(metered);
+                    continue;
+                }
                 let total = started.elapsed();
                 let waited = line.lock().unwrap_or_else(PoisonError::into_inner).wait_ms / 1e3;
                 let added = total.as_secs_f64() - waited - upstream_time.as_secs_f64();
@@ -300,6 +518,9 @@ pub(crate) async fn metered(
                 if stream {
                     // The stream may lose the usage chunk the gate asked for on the way.
                     head.headers.remove(header::CONTENT_LENGTH);
+                }
+                if let Some(view) = &tenant_view {
+                    tenant_headers(&upstream.profile, view, &mut head.headers);
                 }
                 let cut_short = upstream.metrics.cut_short.clone();
                 let unread = Unread {
@@ -311,7 +532,13 @@ pub(crate) async fn metered(
             Next::Retry(delay) => {
                 upstream.metrics.upstream_429s_transient.increment(1);
                 shared.live.upstream_429(&key);
-                tokio::time::sleep(delay).await;
+                shared.live.paused(&key, delay);
+                if sending.members.is_empty() {
+                    tokio::time::sleep(delay).await;
+                } else {
+                    // The member is paused for its provider's pause: the next pick weighs it.
+                    upstream.metrics.moved.increment(1);
+                }
             }
             Next::HandOn { body, .. } => {
                 upstream.metrics.upstream_429s_transient.increment(1);

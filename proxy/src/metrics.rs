@@ -123,6 +123,10 @@ pub(crate) struct UpstreamMetrics {
     /// What the proxy added to a call: its time to the answer's head, less the wait for the
     /// toll and the upstream's own time.
     pub(crate) added_seconds: Histogram,
+    /// Calls refused because a budget they spend from was spent.
+    pub(crate) budget_refusals: Counter,
+    /// Pool calls moved to another member after a 429 or a 5xx.
+    pub(crate) moved: Counter,
 }
 
 impl UpstreamMetrics {
@@ -141,6 +145,21 @@ impl UpstreamMetrics {
             upstream_timeouts: named("tollgate_proxy_upstream_timeouts_total"),
             upstream_seconds: metrics::histogram!("tollgate_proxy_upstream_seconds", "upstream" => name.to_owned()),
             added_seconds: metrics::histogram!("tollgate_proxy_added_seconds", "upstream" => name.to_owned()),
+            budget_refusals: named("tollgate_proxy_budget_refusals_total"),
+            moved: named("tollgate_proxy_pool_moves_total"),
         }
     }
+}
+
+/// Counts what a call cost, in micro-dollars at its model's prices, by upstream, model and
+/// tenant (labels bounded: the configuration's models and the profile's known ones, the
+/// configured tenants; the rest `other`).
+pub(crate) fn spent(upstream: &str, model: &str, tenant: &str, micros: u64) {
+    metrics::counter!(
+        "tollgate_proxy_spend_micros_total",
+        "upstream" => upstream.to_owned(),
+        "model" => model.to_owned(),
+        "tenant" => tenant.to_owned()
+    )
+    .increment(micros);
 }

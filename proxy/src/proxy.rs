@@ -237,6 +237,7 @@ async fn serve(
             return (local(kind, &message), name, route.name);
         }
     };
+    let client = parts.clone();
     let Some(mut parts) = upstream_head(shared, &upstream, parts, &route.path) else {
         return (
             local(Kind::Invalid, "tollgate-proxy: the path can't be forwarded"),
@@ -256,13 +257,14 @@ async fn serve(
             // The usage can only be read from bytes as they were written.
             parts.headers.remove(header::ACCEPT_ENCODING);
             match prepare(shared, &upstream, tenant.as_ref(), &parts, &body).await {
-                Ok(attempts) => {
+                Ok(prepared) => {
                     metered(
                         shared,
                         Arc::clone(&upstream),
-                        parts,
+                        client,
+                        &route.path,
                         body,
-                        attempts,
+                        prepared,
                         tenant.as_ref(),
                         route.name,
                     )

@@ -15,11 +15,12 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use tokio::sync::Semaphore;
+use tollgate::http::models::Model;
 use tollgate::http::{Gate, Profile};
 use tollgate::{Currency, Limits, Registry};
 
 use crate::config::{
-    Bounds, Config, Family, KeyPaths, LimitsFrom, OtherPaths, TenantFrom, Upstream,
+    Bounds, Config, Family, KeyPaths, LimitsFrom, OtherPaths, TenantFrom, Tier, Upstream,
 };
 use crate::metrics::{Metrics, OTHER, ProxyMetrics, UpstreamMetrics};
 use crate::route::azure_deployment;
@@ -48,7 +49,6 @@ pub(crate) struct Upstreamed {
     pub(crate) authority: http::uri::Authority,
     /// The real key, in the header the family sends it in (with virtual keys).
     pub(crate) real_key: Option<(HeaderName, HeaderValue)>,
-    pub(crate) tenant_limits: Option<Limits>,
     pub(crate) metrics: UpstreamMetrics,
     /// Keys seen lately (models and configured tenants), for their levels in `/metrics`.
     keys: Mutex<HashSet<String>>,
@@ -75,8 +75,17 @@ pub(crate) struct Shared {
     /// Told when the drain starts (bodies still coming are answered 503).
     pub(crate) drain_started: tokio::sync::Notify,
     /// Each key's counts, for the live view (`admin.rs`).
-    pub(crate) live: crate::admin::Tally,
+    pub(crate) live: Arc<crate::admin::Tally>,
+    /// The configuration it was built from: tiers, pools.
+    pub(crate) config: Config,
+    /// Where the next pool call starts looking among the members (so that members that can
+    /// all admit at once share the calls).
+    pub(crate) next_member: std::sync::atomic::AtomicUsize,
 }
+
+/// The key of a tenant's budget (`budget:tenant:{name}`), a tier's shared budget
+/// (`budget:tier:{name}`) and an upstream's (`budget:upstream:{name}`).
+pub(crate) const BUDGET: &str = "budget:";
 
 /// Why the proxy can't start.
 #[derive(Debug)]
@@ -117,15 +126,15 @@ fn client(upstream: &Upstream) -> Result<UpstreamClient, StartError> {
 }
 
 /// Whether `model` is `name` or one of its family (`name` then `-`, `:`, `@` or `.`).
-fn family_of(model: &str, name: &str) -> bool {
+pub(crate) fn family_of(model: &str, name: &str) -> bool {
     model
         .strip_prefix(name)
         .is_some_and(|rest| rest.is_empty() || rest.starts_with(['-', ':', '@', '.']))
 }
 
-/// The model a call's key is named after: a listed model (the longest that `model` is, or
-/// starts a family of), else, when none are listed, the profile's known model; `None`: the
-/// upstream's own key.
+/// The model a call's key is named after: a listed model (the longest name or alias that
+/// `model` is, or starts a family of), else, when none are listed, the profile's known model;
+/// `None`: the upstream's own key.
 pub(crate) fn model_entry(upstream: &Upstream, profile: &Profile, model: &str) -> Option<String> {
     if upstream.models.is_empty() {
         return profile.model(model).map(|m| m.name.to_string());
@@ -133,9 +142,48 @@ pub(crate) fn model_entry(upstream: &Upstream, profile: &Profile, model: &str) -
     upstream
         .models
         .iter()
-        .filter(|name| family_of(model, name))
-        .max_by_key(|name| name.len())
-        .cloned()
+        .flat_map(|m| {
+            std::iter::once(m.name.as_str())
+                .chain(m.aliases.iter().map(String::as_str))
+                .map(move |name| (name, m))
+        })
+        .filter(|(name, _)| family_of(model, name))
+        .max_by_key(|(name, _)| name.len())
+        .map(|(_, m)| m.name.clone())
+}
+
+/// The key of a call of `model` (or of none) at `upstream`: `{upstream}:{model}` for a model
+/// with a key of its own, else the upstream's own key.
+pub(crate) fn key_of(upstream: &Upstream, profile: &Profile, model: Option<&str>) -> String {
+    if !upstream.per_model {
+        return upstream.name.clone();
+    }
+    match model.and_then(|m| model_entry(upstream, profile, m)) {
+        Some(model) => format!("{}:{model}", upstream.name),
+        None => upstream.name.clone(),
+    }
+}
+
+/// The profile with the models' own figures: a listed model's price and most output (given,
+/// or its family's in the profile's table), and its aliases with the same.
+fn with_models(upstream: &Upstream, profile: Profile) -> Profile {
+    if upstream.models.is_empty() {
+        return profile;
+    }
+    let mut table: Vec<Model> = profile.model_table().to_vec();
+    for m in &upstream.models {
+        let known = profile.model(&m.name).cloned();
+        let max_output = m
+            .max_output
+            .or(known.as_ref().map(|k| k.max_output))
+            .unwrap_or_else(|| profile.output_without_max_tokens(None));
+        let price = m.price.or(known.and_then(|k| k.price));
+        for name in std::iter::once(&m.name).chain(&m.aliases) {
+            table.retain(|entry| entry.name != name.as_str());
+            table.push(Model::new(name.clone(), max_output, price));
+        }
+    }
+    profile.models(table)
 }
 
 /// The model (or Azure deployment) a request names.
@@ -159,16 +207,7 @@ fn key_fn(
     profile: Profile,
 ) -> impl Fn(&http::request::Parts, &Value) -> String + Send + Sync + 'static {
     let config = upstream.clone();
-    move |parts, body| {
-        if !config.per_model {
-            return config.name.clone();
-        }
-        match model_of(config.family(), parts, body).and_then(|m| model_entry(&config, &profile, m))
-        {
-            Some(model) => format!("{}:{model}", config.name),
-            None => config.name.clone(),
-        }
-    }
+    move |parts, body| key_of(&config, &profile, model_of(config.family(), parts, body))
 }
 
 impl Shared {
@@ -183,15 +222,16 @@ impl Shared {
         let tenancy = Tenancy::new(&config.tenants);
         // Tenants the configuration names keep their own label; every other (a hashed key, a
         // header's value) shares one.
-        let named: BTreeSet<String> = config
-            .tenants
-            .virtual_keys
-            .values()
-            .chain(config.tenants.default.iter())
-            .cloned()
-            .collect();
+        let named: BTreeSet<String> = config.tenants.named().cloned().collect();
         let registry = Arc::new(Registry::new(store).label_keys(move |key| {
             let key = key.split('@').next().unwrap_or(key);
+            if let Some(tenant) = key.strip_prefix(&format!("{BUDGET}{TENANT_PART}")) {
+                return if named.contains(tenant) {
+                    key.to_owned()
+                } else {
+                    format!("{BUDGET}{TENANT_PART}{OTHER}")
+                };
+            }
             match key.split_once(&format!(":{TENANT_PART}")) {
                 Some((_, tenant)) if named.contains(tenant) => key.to_owned(),
                 Some((upstream, _)) => format!("{upstream}:{TENANT_PART}{OTHER}"),
@@ -200,17 +240,27 @@ impl Shared {
         }));
         let mut upstreams = Vec::new();
         for u in &config.upstreams {
-            let profile = u.library_profile().map_err(StartError)?;
+            let profile = with_models(u, u.library_profile().map_err(StartError)?);
             let builder = Gate::builder(profile.clone())
                 .registry(Arc::clone(&registry))
                 .key(key_fn(u, profile.clone()))
                 .timeout(Some(u.timeout))
                 .retries(u.retries)
                 .max_body(config.max_body);
-            let builder = match &u.limits {
+            let mut builder = match &u.limits {
                 LimitsFrom::Fixed(limits) => builder.limits(limits.clone()),
                 LimitsFrom::Headers => builder.limits_from_headers(Duration::from_secs(60)),
             };
+            for model in &u.models {
+                let key = format!("{}:{}", u.name, model.name);
+                builder = match &model.limits {
+                    Some(LimitsFrom::Fixed(limits)) => builder.key_limits(key, limits.clone()),
+                    Some(LimitsFrom::Headers) => {
+                        builder.key_limits_from_headers(key, Duration::from_secs(60))
+                    }
+                    None => builder,
+                };
+            }
             let what =
                 |e: &dyn std::fmt::Display| StartError(format!("upstream `{}`: {e}", u.name));
             let gate = builder.build().map_err(|e| what(&e))?;
@@ -256,7 +306,6 @@ impl Shared {
                 scheme,
                 authority,
                 real_key,
-                tenant_limits: config.tenants.limits.clone(),
                 metrics: UpstreamMetrics::new(&u.name),
                 keys: Mutex::new(HashSet::new()),
             }));
@@ -282,8 +331,44 @@ impl Shared {
             buffered: Arc::new(Semaphore::new(units)),
             ready: Mutex::new(None),
             drain_started: tokio::sync::Notify::new(),
-            live: crate::admin::Tally::new(config),
+            live: Arc::new(crate::admin::Tally::new(config)),
+            config: config.clone(),
+            next_member: std::sync::atomic::AtomicUsize::new(0),
         })
+    }
+
+    /// The tier a tenant is in: its own, or the default tier.
+    pub(crate) fn tier(&self, tenant: &str) -> Option<&Tier> {
+        self.config.tenants.tier_of(tenant)
+    }
+
+    /// A tenant's own windows at each upstream: its tier's.
+    pub(crate) fn tenant_limits(&self, tenant: &str) -> Option<&Limits> {
+        self.tier(tenant).and_then(|tier| tier.limits.as_ref())
+    }
+
+    /// The windows of tenants the configuration doesn't name (the default tier's).
+    pub(crate) fn other_tenant_limits(&self) -> Option<&Limits> {
+        self.config
+            .tenants
+            .default_tier
+            .as_ref()
+            .and_then(|tier| self.config.tenants.tiers.get(tier))
+            .and_then(|tier| tier.limits.as_ref())
+    }
+
+    /// Whether any tenant has windows of its own.
+    pub(crate) fn tenant_windows(&self) -> bool {
+        self.config
+            .tenants
+            .tiers
+            .values()
+            .any(|t| t.limits.is_some())
+    }
+
+    /// The upstream named `name`.
+    pub(crate) fn upstream_named(&self, name: &str) -> Option<&Arc<Upstreamed>> {
+        self.upstreams.iter().find(|u| u.name == name)
     }
 
     /// Sets the level gauges of the keys seen lately (at each scrape of `/metrics`).
@@ -301,18 +386,19 @@ impl Shared {
                     .strip_prefix(upstream.name.as_str())
                     .and_then(|rest| rest.strip_prefix(':'))
                     .is_some_and(|rest| rest.starts_with(TENANT_PART));
-                let limits = if tenant_key {
-                    upstream.tenant_limits.clone()
+                let limiter = if tenant_key {
+                    let tenant = key.rsplit(TENANT_PART).next().unwrap_or_default();
+                    self.tenant_limits(tenant)
+                        .and_then(|limits| self.registry.limiter(&key, limits).ok())
                 } else {
-                    match &upstream.config.limits {
-                        LimitsFrom::Fixed(limits) => Some(limits.clone()),
-                        LimitsFrom::Headers => None,
-                    }
+                    upstream.gate.limiter_of(&key).or_else(|| {
+                        upstream
+                            .gate
+                            .configured_limits(&key)
+                            .and_then(|limits| self.registry.limiter(&key, limits).ok())
+                    })
                 };
-                let Some(limits) = limits else { continue };
-                let Ok(limiter) = self.registry.limiter(&key, &limits) else {
-                    continue;
-                };
+                let Some(limiter) = limiter else { continue };
                 let Ok(snapshot) = limiter.snapshot().await else {
                     continue;
                 };

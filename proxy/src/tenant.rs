@@ -127,6 +127,8 @@ pub(crate) struct Tenancy {
     /// the secret itself).
     virtual_keys: HashMap<[u8; 32], String>,
     default: Option<String>,
+    /// Tenants given a tier by name: their own metrics label.
+    tiered: std::collections::HashSet<String>,
     /// SHA-256 of the header tenants' shared secret.
     secret: Option<[u8; 32]>,
 }
@@ -142,6 +144,7 @@ impl Tenancy {
                 .map(|(key, name)| (Sha256::digest(key.as_bytes()).into(), name.clone()))
                 .collect(),
             default: tenants.default.clone(),
+            tiered: tenants.tier_of.keys().cloned().collect(),
             secret: tenants
                 .header_secret
                 .as_deref()
@@ -190,7 +193,7 @@ impl Tenancy {
                 first.map(|value| match value.to_str() {
                     Ok(text) if plain_name(text) => Tenant {
                         name: text.to_owned(),
-                        configured: false,
+                        configured: self.tiered.contains(text),
                         virtual_key: false,
                     },
                     _ => Tenant {

@@ -27,6 +27,8 @@ mod retry_info;
 
 #[cfg(feature = "http")]
 pub use rates::{RateHeader, go_duration, rate_headers, retry_pause};
+#[cfg(feature = "http")]
+pub(crate) use rates::{write_go_duration, write_rfc3339};
 pub use retry_after::{MAX_RETRY_AFTER, parse_retry_after};
 #[cfg(feature = "http")]
 pub use retry_info::retry_info_delay;

@@ -266,3 +266,80 @@ mod tests {
         }
     }
 }
+
+/// Writes a duration as Go does (`6m0s`, `4.5s`, `20ms`, `1h2m3s`), as OpenAI's reset headers
+/// are written: what [`go_duration`] reads back.
+pub(crate) fn write_go_duration(duration: Duration) -> String {
+    let millis = duration.as_millis();
+    if millis == 0 {
+        return "0s".to_owned();
+    }
+    if millis < 1_000 {
+        return format!("{millis}ms");
+    }
+    let hours = millis / 3_600_000;
+    let minutes = (millis / 60_000) % 60;
+    let seconds = (millis % 60_000) as f64 / 1_000.0;
+    let mut out = String::new();
+    if hours > 0 {
+        out.push_str(&format!("{hours}h"));
+    }
+    if hours > 0 || minutes > 0 {
+        out.push_str(&format!("{minutes}m"));
+    }
+    out.push_str(&format!("{seconds}s"));
+    out
+}
+
+/// Writes a time as RFC 3339 in UTC, to the second rounded up (`2026-12-01T22:05:00Z`), as
+/// Anthropic's reset headers are written.
+pub(crate) fn write_rfc3339(at: std::time::SystemTime) -> String {
+    let since = at
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO);
+    let secs = since.as_secs() + u64::from(since.subsec_nanos() > 0);
+    let days = (secs / 86_400) as i64;
+    let rest = secs % 86_400;
+    // Days to a civil date (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rest / 3_600,
+        (rest / 60) % 60,
+        rest % 60
+    )
+}
+
+#[cfg(test)]
+mod writing {
+    use super::*;
+
+    #[test]
+    fn written_durations_and_times_read_back() {
+        for ms in [
+            0u64, 1, 20, 999, 1_000, 4_500, 59_999, 60_000, 360_000, 3_723_500, 90_061_001,
+        ] {
+            let d = Duration::from_millis(ms);
+            assert_eq!(go_duration(&write_go_duration(d)), Some(d), "{ms} ms");
+        }
+        assert_eq!(write_go_duration(Duration::from_secs(360)), "6m0s");
+        let epoch = std::time::UNIX_EPOCH;
+        assert_eq!(write_rfc3339(epoch), "1970-01-01T00:00:00Z");
+        assert_eq!(
+            write_rfc3339(epoch + Duration::from_secs(951_782_400)),
+            "2000-02-29T00:00:00Z"
+        );
+        assert_eq!(
+            write_rfc3339(epoch + Duration::from_millis(1_796_256_000_001)),
+            "2026-12-03T00:00:01Z"
+        );
+    }
+}

@@ -165,6 +165,30 @@ impl Attempts {
         self.can_retry = can;
     }
 
+    /// Moves the next attempts to another gate, under the key `key` there: a deployment of a
+    /// pool that serves the same model. The request is not read again: its estimate (and the
+    /// body the gate will send) stays, so the gates should share one profile.
+    pub fn switch(&mut self, gate: &Gate, key: String) {
+        self.gate = gate.clone();
+        self.estimated.key = key;
+    }
+
+    /// The gate the next attempt goes through.
+    pub fn gate(&self) -> &Gate {
+        &self.gate
+    }
+
+    /// Admits the next attempt only if it can pay now: otherwise [`Error::Timeout`] says how
+    /// long it would wait (`needed`), and nothing is charged. For choosing among gates.
+    pub async fn admit_now(&mut self) -> Result<Call, Error> {
+        let call = self
+            .gate
+            .admit_estimated(&self.estimated, Some(Instant::now()))
+            .await?;
+        self.admitted = true;
+        Ok(call)
+    }
+
     /// Waits for the next attempt's toll.
     pub async fn admit(&mut self) -> Result<Call, Error> {
         let call = self

@@ -70,6 +70,10 @@ pub struct Settlement {
     pub cut: bool,
     /// The usage reported was more than the request could have produced, and was cut.
     pub clamped: bool,
+    /// What the call cost, in micro-dollars, at its model's prices (`None`: its model has no
+    /// price in the profile's table): its billed usage, or, when the charge stands, the most
+    /// it could have cost.
+    pub spend: Option<u64>,
 }
 
 impl fmt::Debug for Call {
@@ -612,12 +616,14 @@ impl Call {
             }
         }
         let cut = self.cut;
+        let spend = self.price.map(|price| price.billed(&reported));
         self.tell(Settlement {
             charged,
             usage: usage_settled,
             reported,
             cut,
             clamped,
+            spend,
         });
         settled
     }
@@ -636,10 +642,14 @@ impl Call {
         if seen <= self.reserved_charged() {
             // Dropped after sending: every window keeps what it was charged.
             let charged = self.cost();
+            let spend = self
+                .price
+                .map(|price| price.estimate(self.input, self.most_output.max(seen)));
             self.tell(Settlement {
                 charged,
                 reported,
                 cut: true,
+                spend,
                 ..Settlement::default()
             });
             return Ok(Usage::default());

@@ -152,7 +152,7 @@ async fn the_view_lists_each_key_with_its_levels_to_the_token_and_its_counts() {
             "limits": "requests 1000/d, tokens 10000/d",
             "windows": windows,
             "waiting": 0,
-            "counts": {"admitted": 0, "local_429s": 0, "upstream_429s": 0},
+            "counts": {"admitted": 0, "local_429s": 0, "upstream_429s": 0, "budget_refusals": 0},
             "spend": null, "pause": null,
         }])
     );
@@ -194,7 +194,7 @@ async fn the_view_lists_each_key_with_its_levels_to_the_token_and_its_counts() {
     assert_eq!(view["model"], "gpt-4o");
     assert_eq!(
         view["counts"],
-        json!({"admitted": 3, "local_429s": 0, "upstream_429s": 0})
+        json!({"admitted": 3, "local_429s": 0, "upstream_429s": 0, "budget_refusals": 0})
     );
     assert_eq!(view["waiting"], 0);
     let requests = level(&after, &key, "requests");
@@ -316,7 +316,7 @@ async fn waiting_calls_and_429s_here_and_upstream_show_at_their_keys() {
     assert_eq!(passed["waiting"], 0);
     assert_eq!(
         passed["counts"],
-        json!({"admitted": 2, "local_429s": 0, "upstream_429s": 0})
+        json!({"admitted": 2, "local_429s": 0, "upstream_429s": 0, "budget_refusals": 0})
     );
 
     // One request an hour and half a second to wait: the second call is answered 429 here.
@@ -329,7 +329,7 @@ async fn waiting_calls_and_429s_here_and_upstream_show_at_their_keys() {
     let key = format!("{strict}:gpt-4o");
     assert_eq!(
         entry(&view, &key).unwrap()["counts"],
-        json!({"admitted": 1, "local_429s": 1, "upstream_429s": 0}),
+        json!({"admitted": 1, "local_429s": 1, "upstream_429s": 0, "budget_refusals": 0}),
         "{view:#}"
     );
     let requests = level(&view, &key, "requests");
@@ -341,7 +341,7 @@ async fn waiting_calls_and_429s_here_and_upstream_show_at_their_keys() {
     let view = keys(&running).await;
     assert_eq!(
         entry(&view, &format!("{refused}:gpt-4o")).unwrap()["counts"],
-        json!({"admitted": 1, "local_429s": 0, "upstream_429s": 1}),
+        json!({"admitted": 1, "local_429s": 0, "upstream_429s": 1, "budget_refusals": 0}),
         "{view:#}"
     );
     assert_eq!(spent.stats.permanent.load(Ordering::Relaxed), 1);
@@ -735,11 +735,11 @@ async fn the_status_page_shows_the_running_proxy_in_chromium_and_follows_its_cal
     let counts = |key: &str| entry(&view, key).unwrap()["counts"].clone();
     assert_eq!(
         counts("openai:gpt-4o"),
-        json!({"admitted": 6, "local_429s": 0, "upstream_429s": 0})
+        json!({"admitted": 6, "local_429s": 0, "upstream_429s": 0, "budget_refusals": 0})
     );
     assert_eq!(
         counts("openai:tenant:anonymous"),
-        json!({"admitted": 4, "local_429s": 1, "upstream_429s": 0})
+        json!({"admitted": 4, "local_429s": 1, "upstream_429s": 0, "budget_refusals": 0})
     );
 
     // The page follows: it waits until it shows these counts, then is photographed.
