@@ -351,12 +351,17 @@ async fn a_currency_whose_limit_is_unknown_holds_its_calls_one_at_a_time() {
 #[tokio::test(start_paused = true)]
 async fn a_gate_forgets_keys_no_call_holds() {
     let registry = Arc::new(Registry::new(MemoryStore::new()));
+    let limits = Limits::parse("100/d", "100000/d").unwrap();
     let gate = Gate::builder(Profile::openai())
-        .limits(Limits::parse("100/d", "100000/d").unwrap())
+        .limits(limits.clone())
         .registry(Arc::clone(&registry))
         .key(|head, _| head.uri.path().to_owned())
+        // No blind margin when the first answer is late: the levels below are the calls'.
+        .model_foreign_spending(false)
         .build()
         .unwrap();
+    // The key's first call goes alone: it holds the key's turn until its answer comes (or a
+    // second passes), and the key's state knows it.
     let held = admit(&gate, &chat(1, 1)).await;
     for tenant in 0..10_000 {
         let head = http::Request::post(format!("http://provider.invalid/tenant/{tenant}"))
@@ -372,10 +377,19 @@ async fn a_gate_forgets_keys_no_call_holds() {
         "{}",
         gate.remembered_keys()
     );
-    // The key a call holds is kept.
-    assert_eq!(held.key(), "/v1/chat/completions");
+    // The key a call holds is kept: the next call on it meets the same state, whose turn the
+    // held call still has, so it waits the first answer's second (a key forgotten and made
+    // again would let it go at once, beside a call the provider has not answered).
+    let started = tokio::time::Instant::now();
     let again = admit(&gate, &chat(1, 1)).await;
-    assert_eq!(again.cost().unwrap().requests, 1);
+    assert_eq!(started.elapsed(), Duration::from_secs(1));
+    // And the store holds both calls' charges on the key's windows: one request each.
+    let limiter = registry.limiter("/v1/chat/completions", &limits).unwrap();
+    let snapshot = limiter.snapshot().await.unwrap();
+    let requests = snapshot.least(Currency::Requests).unwrap();
+    // 100 a day: the second the second call waited refilled 100 / 86,400 of a request.
+    assert!(requests.is(98 * 864 + 1, 864), "{requests}");
+    drop((held, again));
 }
 
 #[tokio::test(start_paused = true)]
