@@ -89,7 +89,8 @@ fn a_ticker_keeps_its_time_while_a_4_mb_prompt_is_counted() {
     tollgate::estimators::estimator("openai")
         .unwrap()
         .count("warm up");
-    let messages = long_prompt("The quick brown fox jumps over the lazy dog, and counts its tokens. ");
+    let messages =
+        long_prompt("The quick brown fox jumps over the lazy dog, and counts its tokens. ");
     let worst = worst_tick_while(async move {
         send(&messages).await.unwrap();
     });
