@@ -236,7 +236,11 @@ async fn with_an_honest_provider_and_no_neighbour_the_windows_do_not_drift() {
         seen.insert(key.key().name().to_owned(), value);
     }
     // Nothing was taken off for spending elsewhere or a margin, and the model's rate is 0.
-    assert_eq!(seen.get("tollgate_tokens_lowered_total"), Some(&0.0), "{seen:?}");
+    assert_eq!(
+        seen.get("tollgate_tokens_lowered_total"),
+        Some(&0.0),
+        "{seen:?}"
+    );
     assert_eq!(
         seen.get("tollgate_foreign_tokens_per_second"),
         Some(&0.0),
