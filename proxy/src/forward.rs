@@ -10,10 +10,12 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, Uri, Version};
 use http_body_util::Full;
 use tokio::time::Instant;
+use tollgate::Error;
 use tollgate::http::{Attempts, Next, Settlement};
 
 use crate::admit::refusal;
 use crate::answer::{Kind, answer};
+use crate::config::LimitsFrom;
 use crate::relay::{Gapped, Relay, Unread};
 use crate::state::{Shared, Upstreamed};
 use crate::tenant::{KEY_HEADERS, Tenant};
@@ -222,7 +224,21 @@ pub(crate) async fn metered(
         let mut call = match attempts.admit().await {
             Ok(call) => call,
             Err(err) => {
-                let refused = refusal(shared, &upstream, &err);
+                // Refused for want of time: which window could not pay, by the key's levels.
+                let short = match (&err, &upstream.config.limits) {
+                    (Error::Timeout { .. }, LimitsFrom::Fixed(limits)) => {
+                        let estimated = attempts.estimated();
+                        match shared.registry.limiter(estimated.key(), limits) {
+                            Ok(limiter) => {
+                                let cost = upstream.gate.cost_of(estimated, Some(limits));
+                                crate::admit::short_of(&limiter, cost).await
+                            }
+                            Err(_) => None,
+                        }
+                    }
+                    _ => None,
+                };
+                let refused = refusal(shared, &upstream, &err, short);
                 return answer(family, refused.kind, &refused.message, refused.retry_after);
             }
         };
