@@ -11,7 +11,7 @@ use hyper::body::Incoming;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tollgate::http::{Attempts, BodyError};
-use tollgate::{Attempt, Currency, Dollars, Error, Limits, Rates, Snapshot};
+use tollgate::{Attempt, Cost, Currency, Dollars, Error, Limiter, Limits, Rates, Snapshot};
 
 use crate::answer::Kind;
 use crate::config::{Family, UnknownModels};
@@ -138,17 +138,49 @@ impl Refusal {
     }
 }
 
-/// What a refusal of the gate (or a tenant's window) is answered with.
-pub(crate) fn refusal(shared: &Shared, upstream: &Upstreamed, err: &Error) -> Refusal {
+/// The currency whose windows can't pay `cost` now, the one that would keep the call waiting
+/// longest: what a refusal for want of time names (`None` when every window can pay: a pause
+/// or the line held the call, or the levels can't be read). Asked only when a call is refused.
+pub(crate) async fn short_of(limiter: &Limiter, cost: Cost) -> Option<Currency> {
+    let snapshot = limiter.snapshot().await.ok()?;
+    let mut longest: Option<(f64, Currency)> = None;
+    for window in snapshot.windows() {
+        let needed = cost.of(window.currency) as f64 - window.tokens.as_f64();
+        if needed <= 0.0 {
+            continue;
+        }
+        let rate = window.rate;
+        let wait = needed * rate.period().as_secs_f64() / rate.amount() as f64;
+        if longest.is_none_or(|(most, _)| wait > most) {
+            longest = Some((wait, window.currency));
+        }
+    }
+    longest.map(|(_, currency)| currency)
+}
+
+/// What a refusal of the gate (or a tenant's window) is answered with; `short` is the currency
+/// that could not pay (see [`short_of`]), named in a 429 as the provider would name it.
+pub(crate) fn refusal(
+    shared: &Shared,
+    upstream: &Upstreamed,
+    err: &Error,
+    short: Option<Currency>,
+) -> Refusal {
     match err {
         Error::Timeout { key, needed, .. } => {
             upstream.metrics.local_429s.increment(1);
             shared.live.local_429(key);
             let wait = needed.unwrap_or(Duration::from_secs(1));
+            let window = short.map_or_else(String::new, |currency| {
+                format!(
+                    " on {}",
+                    crate::answer::window_words(upstream.family, currency)
+                )
+            });
             Refusal {
-                kind: Kind::RateLimited,
+                kind: Kind::RateLimited(short),
                 message: format!(
-                    "tollgate-proxy: this call would wait past its deadline for its share of the rate limit; retry after {:.1} s ({err})",
+                    "tollgate-proxy: this call would wait past its deadline for its share of the rate limit{window}; retry after {:.1} s ({err})",
                     wait.as_secs_f64()
                 ),
                 retry_after: Some(wait),
@@ -158,7 +190,7 @@ pub(crate) fn refusal(shared: &Shared, upstream: &Upstreamed, err: &Error) -> Re
             upstream.metrics.local_429s.increment(1);
             shared.live.local_429(key);
             Refusal {
-                kind: Kind::RateLimited,
+                kind: Kind::RateLimited(None),
                 message: format!("tollgate-proxy: {err}"),
                 retry_after: Some(Duration::from_secs(1)),
             }
@@ -275,7 +307,7 @@ pub(crate) async fn prepare(
     let gate = &upstream.gate;
     let estimated = gate
         .read(parts, body)
-        .map_err(|err| refusal(shared, upstream, &err))?;
+        .map_err(|err| refusal(shared, upstream, &err, None))?;
     if upstream.config.unknown_models == UnknownModels::Refuse {
         let named = match upstream.family {
             Family::Azure => model_of(Family::Azure, parts, &serde_json::Value::Null),
@@ -306,7 +338,7 @@ pub(crate) async fn prepare(
         let limiter = shared
             .registry
             .limiter(&key, limits)
-            .map_err(|err| refusal(shared, upstream, &err))?;
+            .map_err(|err| refusal(shared, upstream, &err, None))?;
         if tenant.configured {
             upstream.saw_key(&key);
         } else {
@@ -314,11 +346,17 @@ pub(crate) async fn prepare(
         }
         let cost = gate
             .cost_of(attempts.estimated(), Some(limits))
-            .map_err(|err| refusal(shared, upstream, &err))?;
-        let permit = limiter
-            .acquire_until(cost, attempts.deadline())
-            .await
-            .map_err(|err| refusal(shared, upstream, &err))?;
+            .map_err(|err| refusal(shared, upstream, &err, None))?;
+        let permit = match limiter.acquire_until(cost, attempts.deadline()).await {
+            Ok(permit) => permit,
+            Err(err) => {
+                let short = match err {
+                    Error::Timeout { .. } => short_of(&limiter, cost).await,
+                    _ => None,
+                };
+                return Err(refusal(shared, upstream, &err, short));
+            }
+        };
         shared.live.admitted(&key);
         attempts.attach(permit);
         if let Ok(snapshot) = limiter.snapshot().await {
@@ -333,10 +371,10 @@ pub(crate) async fn prepare(
         let limiter = shared
             .registry
             .limiter(&key, &limits)
-            .map_err(|err| refusal(shared, upstream, &err))?;
+            .map_err(|err| refusal(shared, upstream, &err, None))?;
         let cost = gate
             .cost_of(attempts.estimated(), Some(&limits))
-            .map_err(|err| refusal(shared, upstream, &err))?;
+            .map_err(|err| refusal(shared, upstream, &err, None))?;
         let priced = Dollars(cost.spend);
         match limiter.try_acquire(cost).await {
             Ok(Attempt::Admitted(permit)) => attempts.attach(permit),
@@ -369,7 +407,7 @@ pub(crate) async fn prepare(
                     ),
                 ));
             }
-            Err(err) => return Err(refusal(shared, upstream, &err)),
+            Err(err) => return Err(refusal(shared, upstream, &err, None)),
         }
     }
     Ok(Prepared {

@@ -8,14 +8,19 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode};
 use serde_json::json;
 
+use tollgate::Currency;
+
 use crate::config::Family;
 use crate::relay::Relay;
 
 /// What went wrong, in the words each provider uses for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
-    /// The call's wait for its toll would pass its deadline (429, worth retrying later).
-    RateLimited,
+    /// The call's wait for its toll would pass its deadline (429, worth retrying later), for
+    /// want of this currency (`None`: every window could pay; a pause or the line held it).
+    /// The answer names it as the provider would, since clients (a tollgate gate among them)
+    /// read it to tell which window is spent.
+    RateLimited(Option<Currency>),
     /// The request body is larger than the proxy takes (413).
     TooLarge,
     /// The request can't be read or can never pass (400).
@@ -53,7 +58,7 @@ impl Kind {
     pub(crate) fn status(self) -> StatusCode {
         match self {
             Kind::BudgetSpent => StatusCode::TOO_MANY_REQUESTS,
-            Kind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            Kind::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             Kind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Kind::Invalid => StatusCode::BAD_REQUEST,
             Kind::Unauthorized => StatusCode::UNAUTHORIZED,
@@ -68,7 +73,13 @@ impl Kind {
 
     fn openai_type(self) -> (&'static str, &'static str) {
         match self {
-            Kind::RateLimited => ("requests", "rate_limit_exceeded"),
+            Kind::RateLimited(Some(Currency::Requests)) => ("requests", "rate_limit_exceeded"),
+            Kind::RateLimited(Some(Currency::Tokens | Currency::OutputTokens)) => {
+                ("tokens", "rate_limit_exceeded")
+            }
+            Kind::RateLimited(None | Some(Currency::Spend)) => {
+                ("rate_limit_exceeded", "rate_limit_exceeded")
+            }
             Kind::TooLarge => ("invalid_request_error", "request_too_large"),
             Kind::Invalid => ("invalid_request_error", "invalid_request"),
             Kind::Unauthorized => ("invalid_request_error", "invalid_api_key"),
@@ -84,7 +95,7 @@ impl Kind {
 
     fn anthropic_type(self) -> &'static str {
         match self {
-            Kind::RateLimited => "rate_limit_error",
+            Kind::RateLimited(_) => "rate_limit_error",
             Kind::TooLarge => "request_too_large",
             Kind::Invalid | Kind::SlowBody | Kind::UnsupportedEncoding | Kind::BudgetSpent => {
                 "invalid_request_error"
@@ -94,6 +105,20 @@ impl Kind {
             Kind::Upstream | Kind::UpstreamTimeout => "api_error",
             Kind::Unavailable => "overloaded_error",
         }
+    }
+}
+
+/// How `family`'s own 429s name the window of `currency` (OpenAI: "... on tokens per min
+/// (TPM)"; Anthropic: "... of 50,000 input tokens per minute"), for the proxy's message.
+pub(crate) fn window_words(family: Family, currency: Currency) -> &'static str {
+    match (family, currency) {
+        (Family::Anthropic, Currency::Requests) => "requests per minute",
+        (Family::Anthropic, Currency::Tokens) => "input tokens per minute",
+        (Family::Anthropic, Currency::OutputTokens) => "output tokens per minute",
+        (_, Currency::Requests) => "requests per min (RPM)",
+        (_, Currency::Tokens) => "tokens per min (TPM)",
+        (_, Currency::OutputTokens) => "output tokens per min",
+        (_, Currency::Spend) => "spend",
     }
 }
 
@@ -129,7 +154,7 @@ pub(crate) fn answer(
         HeaderValue::from_static("application/json"),
     );
     headers.insert("x-tollgate", HeaderValue::from_static("local"));
-    if kind == Kind::RateLimited {
+    if let Kind::RateLimited(_) = kind {
         let wait = retry_after.unwrap_or(Duration::from_secs(1));
         let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
         headers.insert(http::header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
@@ -158,7 +183,7 @@ mod tests {
     fn a_local_429_tells_when_in_both_headers_rounded_up() {
         let response = answer(
             Family::OpenAi,
-            Kind::RateLimited,
+            Kind::RateLimited(None),
             "wait",
             Some(Duration::from_millis(2_300)),
         );
@@ -170,7 +195,7 @@ mod tests {
         assert_eq!(h["x-tollgate"], "local");
         let tiny = answer(
             Family::Anthropic,
-            Kind::RateLimited,
+            Kind::RateLimited(None),
             "wait",
             Some(Duration::from_micros(10)),
         );
@@ -181,10 +206,11 @@ mod tests {
     #[test]
     fn each_provider_reads_its_own_shape() {
         let openai: serde_json::Value =
-            serde_json::from_slice(&body(Family::OpenAi, Kind::RateLimited, "wait")).unwrap();
+            serde_json::from_slice(&body(Family::OpenAi, Kind::RateLimited(None), "wait")).unwrap();
         assert_eq!(openai["error"]["code"], "rate_limit_exceeded");
         let anthropic: serde_json::Value =
-            serde_json::from_slice(&body(Family::Anthropic, Kind::RateLimited, "wait")).unwrap();
+            serde_json::from_slice(&body(Family::Anthropic, Kind::RateLimited(None), "wait"))
+                .unwrap();
         assert_eq!(anthropic["error"]["type"], "rate_limit_error");
         assert_eq!(Kind::SlowBody.status(), 408);
         assert_eq!(Kind::UnsupportedEncoding.status(), 415);

@@ -11,6 +11,7 @@ use http::{Request, Response, Uri, Version};
 use http_body_util::Full;
 use std::time::Duration;
 use tokio::time::Instant;
+use tollgate::Error;
 use tollgate::http::{Attempts, Next, Profile, Settlement};
 
 use crate::admit::{Prepared, TenantView, refusal};
@@ -404,7 +405,22 @@ pub(crate) async fn metered(
         let (member, mut call) = match sending.admit(&mut attempts, &upstream).await {
             Ok(admitted) => admitted,
             Err(err) => {
-                let refused = refusal(shared, &upstream, &err);
+                // Refused for want of time: which window could not pay, by the key's levels.
+                let estimated = attempts.estimated();
+                let gate = attempts.gate();
+                let short = match (&err, gate.configured_limits(estimated.key())) {
+                    (Error::Timeout { .. }, Some(limits)) => {
+                        match (
+                            shared.registry.limiter(estimated.key(), limits),
+                            gate.cost_of(estimated, Some(limits)),
+                        ) {
+                            (Ok(limiter), Ok(cost)) => crate::admit::short_of(&limiter, cost).await,
+                            _ => None,
+                        }
+                    }
+                    _ => None,
+                };
+                let refused = refusal(shared, &upstream, &err, short);
                 return answer(family, refused.kind, &refused.message, refused.retry_after);
             }
         };

@@ -65,7 +65,8 @@
 //! bursts): headers only ever lower a window, and a settlement charges what the provider
 //! billed (cut, for usage no request could have produced, to that bound). So a budget set below
 //! the provider's limit holds however the provider answers (`tests/http/bound.rs` drives an
-//! adversarial provider through 10,000 random runs).
+//! adversarial provider through thousands of random runs, OpenAI- and Anthropic-shaped, on the
+//! memory store and on Redis, and checks every interval of each against a ledger of its own).
 //!
 //! # Spending elsewhere
 //!

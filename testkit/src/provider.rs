@@ -91,6 +91,9 @@ pub struct Stats {
     pub tokens: AtomicU64,
     /// When each refusal came, from the stand-in's start, and how short the tokens were.
     pub refusals: Mutex<Vec<(Duration, i64)>>,
+    /// Every request as it was counted, in order: when, from the stand-in's start, and for a
+    /// refusal the pause its `retry-after-ms` told.
+    pub arrivals: Mutex<Vec<(Duration, Option<Duration>)>>,
 }
 
 /// Whose headers, bodies and usage the stand-in speaks.
@@ -617,6 +620,7 @@ async fn serve(
         Style::OpenAi => (input + reserved, 0),
         Style::Anthropic => (input, reserved),
     };
+    let arrived = state.started.elapsed();
     let (wait, short, short_by, headers) = {
         let mut windows = state.windows.lock().unwrap();
         let now = Instant::now();
@@ -673,6 +677,13 @@ async fn serve(
             .push((state.started.elapsed(), short_by));
         // Whole seconds, rounded up, as providers send them; and the milliseconds.
         let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        let told = wait.as_nanos().div_ceil(1_000_000).max(1);
+        stats.arrivals.lock().unwrap().push((
+            arrived,
+            Some(Duration::from_millis(
+                u64::try_from(told).unwrap_or(u64::MAX),
+            )),
+        ));
         let (kind, openai_words, anthropic_words, limit) = match short {
             Some(Short::Requests) | None => (
                 "requests",
@@ -703,10 +714,11 @@ async fn serve(
         };
         let headers = format!(
             "{headers}retry-after: {seconds}\r\nretry-after-ms: {}\r\n",
-            wait.as_nanos().div_ceil(1_000_000).max(1)
+            told
         );
         return whole(429, &headers, &reply);
     }
+    stats.arrivals.lock().unwrap().push((arrived, None));
     stats.ok.fetch_add(1, Ordering::Relaxed);
     let writing = options.per_output_token * u32::try_from(output).unwrap_or(u32::MAX);
     stats.tokens.fetch_add(input + output, Ordering::Relaxed);

@@ -73,8 +73,9 @@ fn worst_tick_while(work: impl std::future::Future<Output = ()> + Send + 'static
     })
 }
 
-fn long_prompt() -> Vec<Message> {
-    let paragraph = "The quick brown fox jumps over the lazy dog, and counts its tokens. ";
+/// About 4 MB of `paragraph`: each measurement counts a text of its own, since the estimator
+/// remembers what it counted (a cached count would take no time on any thread).
+fn long_prompt(paragraph: &str) -> Vec<Message> {
     let content = paragraph.repeat((4 << 20) / paragraph.len());
     vec![Message {
         role: "user",
@@ -88,14 +89,15 @@ fn a_ticker_keeps_its_time_while_a_4_mb_prompt_is_counted() {
     tollgate::estimators::estimator("openai")
         .unwrap()
         .count("warm up");
-    let messages = long_prompt();
+    let messages =
+        long_prompt("The quick brown fox jumps over the lazy dog, and counts its tokens. ");
     let worst = worst_tick_while(async move {
         send(&messages).await.unwrap();
     });
     println!("macro: the ticker overslept by at most {worst:?}");
     assert!(worst <= LATE, "overslept by {worst:?}");
 
-    let messages = long_prompt();
+    let messages = long_prompt("A limiter counts this one itself, through acquire_for, uncached. ");
     let worst = worst_tick_while(async move {
         let limiter = Limiter::builder("long", Limits::parse("", "10000000/m").unwrap())
             .build()

@@ -158,13 +158,20 @@ fn times(trace: &[Step]) -> Vec<u64> {
         .collect()
 }
 
-/// What one event did to a window: when, how much it took (a refund takes a negative amount),
-/// and the level it left.
+/// What one event did to a window, as the store tells it (never the model): when, what it
+/// took (the cost of a call the store admitted, nothing for one it refused; for a settlement,
+/// the store's level before it less the level after, so a refund takes a negative amount),
+/// and the level the store's snapshot shows after it.
 #[derive(Debug, Clone, Copy)]
 struct Event {
     t_ms: u64,
     spent: Q,
     left: Q,
+}
+
+/// A store's level as an exact fraction.
+fn q(level: tollgate::Amount) -> Q {
+    Q::new(level.units(), i128::from(level.scale()))
 }
 
 /// Over every interval [t_i, t_j] between events, what the events took is at most
@@ -207,8 +214,8 @@ proptest! {
         let mut events = Vec::new();
         for (step, t_ms) in trace.iter().zip(times(&trace)) {
             clock.set(Duration::from_millis(t_ms)).unwrap();
-            let before = model.level_at(t_ms);
-            match step.what {
+            let before = q(snapshot_now(&store, "k", &limits).unwrap()[0].tokens);
+            let spent = match step.what {
                 What::Take(raw, _, _) => {
                     let cost = 1 + raw % rate.burst();
                     let decision = try_now(&store, "k", &limits, Cost::new(0, cost)).unwrap();
@@ -228,16 +235,21 @@ proptest! {
                         prop_assert!(saturated || model.level_at_ns(ready).ge(need), "hint {:?} too short", wait);
                         prop_assert!(!model.level_at_ns(ready - 1).ge(need), "hint {:?} too long", wait);
                     }
+                    // What the store let through: the cost it admitted.
+                    if decision.is_admitted() { Some(Q::int(cost as i128)) } else { Some(Q::int(0)) }
                 }
                 What::Settle(delta) => {
                     adjust_now(&store, "k", &limits, delta).unwrap();
                     model.settle(t_ms, delta);
+                    None
                 }
-            }
-            events.push(Event { t_ms, spent: before.sub(model.level), left: model.level });
-            let level = snapshot_now(&store, "k", &limits).unwrap()[0].tokens;
+            };
+            let left = q(snapshot_now(&store, "k", &limits).unwrap()[0].tokens);
+            // A settlement took what the store's levels say it took.
+            let spent = spent.unwrap_or_else(|| before.sub(left));
+            events.push(Event { t_ms, spent, left });
             let m = model.level_at(t_ms);
-            prop_assert!(level.is(m.n, m.d as u64), "level {:?} vs model {:?}", level, m);
+            prop_assert!(left == m, "level {:?} vs model {:?}", left, m);
         }
         assert_window_bound(&rate, &events)?;
     }
@@ -257,8 +269,13 @@ proptest! {
         let mut events: [Vec<Event>; 3] = Default::default();
         for (step, t_ms) in trace.iter().zip(times(&trace)) {
             clock.set(Duration::from_millis(t_ms)).unwrap();
-            let before = models.each_ref().map(|m| m.level_at(t_ms));
-            match step.what {
+            let before: Vec<Q> = snapshot_now(&store, "k", &limits)
+                .unwrap()
+                .iter()
+                .map(|w| q(w.tokens))
+                .collect();
+            // What each window let through, as the store decided (`None`: a settlement).
+            let admitted: [Option<Q>; 3] = match step.what {
                 What::Take(a, b, c) => {
                     let amounts = [1 + a % requests.burst(), 1 + b % tokens.burst(), 1 + c % output.burst()];
                     let cost = Cost::new(amounts[0], amounts[1]).with_output_tokens(amounts[2]);
@@ -280,6 +297,8 @@ proptest! {
                         prop_assert!(saturated || (0..3).all(|i| models[i].level_at_ns(ready).ge(Q::int(amounts[i] as i128))));
                         prop_assert!((0..3).any(|i| !models[i].level_at_ns(ready - 1).ge(Q::int(amounts[i] as i128))));
                     }
+                    let paid = decision.is_admitted();
+                    amounts.map(|a| Some(Q::int(if paid { a as i128 } else { 0 })))
                 }
                 What::Settle(delta) => {
                     // A settlement moves the token windows alone.
@@ -287,13 +306,16 @@ proptest! {
                     models[0].advance(t_ms);
                     models[1].settle(t_ms, delta);
                     models[2].advance(t_ms);
+                    [None; 3]
                 }
-            }
+            };
             let levels = snapshot_now(&store, "k", &limits).unwrap();
             for i in 0..3 {
-                events[i].push(Event { t_ms, spent: before[i].sub(models[i].level), left: models[i].level });
+                let left = q(levels[i].tokens);
+                let spent = admitted[i].unwrap_or_else(|| before[i].sub(left));
+                events[i].push(Event { t_ms, spent, left });
                 let m = models[i].level_at(t_ms);
-                prop_assert!(levels[i].tokens.is(m.n, m.d as u64), "window {}: {:?} vs {:?}", i, levels[i].tokens, m);
+                prop_assert!(left == m, "window {}: {:?} vs {:?}", i, levels[i].tokens, m);
             }
         }
         for i in 0..3 {

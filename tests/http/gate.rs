@@ -351,12 +351,17 @@ async fn a_currency_whose_limit_is_unknown_holds_its_calls_one_at_a_time() {
 #[tokio::test(start_paused = true)]
 async fn a_gate_forgets_keys_no_call_holds() {
     let registry = Arc::new(Registry::new(MemoryStore::new()));
+    let limits = Limits::parse("100/d", "100000/d").unwrap();
     let gate = Gate::builder(Profile::openai())
-        .limits(Limits::parse("100/d", "100000/d").unwrap())
+        .limits(limits.clone())
         .registry(Arc::clone(&registry))
         .key(|head, _| head.uri.path().to_owned())
+        // No blind margin when the first answer is late: the levels below are the calls'.
+        .model_foreign_spending(false)
         .build()
         .unwrap();
+    // The key's first call goes alone: it holds the key's turn until its answer comes (or a
+    // second passes), and the key's state knows it.
     let held = admit(&gate, &chat(1, 1)).await;
     for tenant in 0..10_000 {
         let head = http::Request::post(format!("http://provider.invalid/tenant/{tenant}"))
@@ -372,10 +377,19 @@ async fn a_gate_forgets_keys_no_call_holds() {
         "{}",
         gate.remembered_keys()
     );
-    // The key a call holds is kept.
-    assert_eq!(held.key(), "/v1/chat/completions");
+    // The key a call holds is kept: the next call on it meets the same state, whose turn the
+    // held call still has, so it waits the first answer's second (a key forgotten and made
+    // again would let it go at once, beside a call the provider has not answered).
+    let started = tokio::time::Instant::now();
     let again = admit(&gate, &chat(1, 1)).await;
-    assert_eq!(again.cost().unwrap().requests, 1);
+    assert_eq!(started.elapsed(), Duration::from_secs(1));
+    // And the store holds both calls' charges on the key's windows: one request each.
+    let limiter = registry.limiter("/v1/chat/completions", &limits).unwrap();
+    let snapshot = limiter.snapshot().await.unwrap();
+    let requests = snapshot.least(Currency::Requests).unwrap();
+    // 100 a day: the second the second call waited refilled 100 / 86,400 of a request.
+    assert!(requests.is(98 * 864 + 1, 864), "{requests}");
+    drop((held, again));
 }
 
 #[tokio::test(start_paused = true)]
@@ -428,4 +442,176 @@ async fn the_first_answer_is_waited_for_one_second_at_most() {
     let _two = admit(&eager, &body).await;
     assert_eq!(started.elapsed(), Duration::ZERO);
     drop((first, second));
+}
+
+/// Per-day windows in every currency, for the 429 tests: nothing refills while they run.
+fn every_window() -> Limits {
+    Limits::parse("100/d", "100000/d")
+        .unwrap()
+        .with_output_tokens("50000/d".parse::<tollgate::Rates>().unwrap())
+}
+
+/// What each window of `limits` on `key` holds, in whole tokens: requests, tokens, output.
+async fn levels(registry: &Registry, key: &str, limits: &Limits) -> Vec<i128> {
+    let snapshot = registry
+        .limiter(key, limits)
+        .unwrap()
+        .snapshot()
+        .await
+        .unwrap();
+    Currency::ALL
+        .into_iter()
+        .filter_map(|c| snapshot.least(c).map(|l| l.whole()))
+        .collect()
+}
+
+/// A call refused with `body` (and a pause, so that it is a rate limit), on a gate of
+/// `profile` with `limits`: the levels after it.
+async fn refused_with(profile: Profile, path: &str, limits: &Limits, body: &str) -> Vec<i128> {
+    let registry = Arc::new(Registry::new(MemoryStore::new()));
+    let gate = Gate::builder(profile)
+        .limits(limits.clone())
+        .registry(Arc::clone(&registry))
+        .first_answer_wait(None)
+        .model_foreign_spending(false)
+        .build()
+        .unwrap();
+    let head = http::Request::post(format!("http://provider.invalid{path}"))
+        .body(())
+        .unwrap()
+        .into_parts()
+        .0;
+    let mut call = gate
+        .admit(&head, chat(50, 100).to_string().as_bytes())
+        .await
+        .unwrap();
+    call.sending();
+    let key = call.key().to_owned();
+    let mut headers = HeaderMap::new();
+    headers.insert("retry-after-ms", 1_000.into());
+    let verdict = call
+        .respond(
+            StatusCode::TOO_MANY_REQUESTS,
+            &headers,
+            Some(body.as_bytes()),
+        )
+        .await;
+    assert!(matches!(verdict, Verdict::Transient { .. }), "{verdict:?}");
+    drop(call);
+    levels(&registry, &key, limits).await
+}
+
+/// A 429 empties the windows of the currencies it says are spent, and only those: the others
+/// keep what they held (the refused call keeps its request, and gives its tokens back). With
+/// no `remaining` headers, the gate reads the error's words: OpenAI's `type` and its "tokens per
+/// min (TPM)", "requests per min (RPM)"; Anthropic's "input tokens per minute", "output tokens
+/// per minute", "requests per minute". A 429 that names nothing empties everything.
+#[tokio::test(start_paused = true)]
+async fn a_429_empties_only_the_currencies_its_words_name() {
+    let openai = Limits::parse("100/d", "100000/d").unwrap();
+    let chat_path = "/v1/chat/completions";
+    let openai_tokens = r#"{"error":{"code":"rate_limit_exceeded","message":"Rate limit reached for gpt-4o in organization org-x on tokens per min (TPM): Limit 30000, Used 29500, Requested 900. Please try again in 1.8s."}}"#;
+    let openai_requests = r#"{"error":{"code":"rate_limit_exceeded","message":"Rate limit reached for gpt-4o in organization org-x on requests per min (RPM): Limit 500, Used 500, Requested 1. Please try again in 120ms."}}"#;
+    let openai_type = r#"{"error":{"type":"tokens","code":"rate_limit_exceeded","message":"Rate limit reached."}}"#;
+    let nothing = r#"{"error":{"code":"rate_limit_exceeded","message":"Slow down."}}"#;
+    assert_eq!(
+        refused_with(Profile::openai(), chat_path, &openai, openai_tokens).await,
+        [99, 0]
+    );
+    assert_eq!(
+        refused_with(Profile::openai(), chat_path, &openai, openai_requests).await,
+        [0, 100_000]
+    );
+    assert_eq!(
+        refused_with(Profile::openai(), chat_path, &openai, openai_type).await,
+        [99, 0]
+    );
+    assert_eq!(
+        refused_with(Profile::openai(), chat_path, &openai, nothing).await,
+        [0, 0]
+    );
+    let anthropic = every_window();
+    let messages = "/v1/messages";
+    let words = |limit: &str| {
+        format!(
+            r#"{{"type":"error","error":{{"type":"rate_limit_error","message":"This request would exceed the rate limit for your organization (org-x) of {limit} per minute. For details, refer to: https://docs.claude.com/en/api/rate-limits."}}}}"#
+        )
+    };
+    assert_eq!(
+        refused_with(
+            Profile::anthropic(),
+            messages,
+            &anthropic,
+            &words("50,000 input tokens")
+        )
+        .await,
+        [99, 0, 50_000]
+    );
+    assert_eq!(
+        refused_with(
+            Profile::anthropic(),
+            messages,
+            &anthropic,
+            &words("10,000 output tokens")
+        )
+        .await,
+        [99, 100_000, 0]
+    );
+    assert_eq!(
+        refused_with(
+            Profile::anthropic(),
+            messages,
+            &anthropic,
+            &words("50 requests")
+        )
+        .await,
+        [0, 100_000, 50_000]
+    );
+    let anthropic_nothing = r#"{"type":"error","error":{"type":"rate_limit_error","message":"Number of requests has exceeded your rate limit."}}"#;
+    assert_eq!(
+        refused_with(
+            Profile::anthropic(),
+            messages,
+            &anthropic,
+            anthropic_nothing
+        )
+        .await,
+        [0, 0, 0]
+    );
+}
+
+/// Calls sent within 250 ms of a synced call, on either side, may reach the provider before
+/// it: its count may hold them, so the sync leaves them out of what it takes off (an honest
+/// provider is never double counted). A call sent 251 ms after it is outside: a count that
+/// holds it shows that much spent elsewhere, and that much is taken off.
+#[tokio::test(start_paused = true)]
+async fn a_sync_leaves_out_calls_sent_within_250_ms_of_its_call() {
+    for (after_ms, taken_off) in [(250u64, false), (251, true)] {
+        let registry = Arc::new(Registry::new(MemoryStore::new()));
+        let gate = Gate::builder(Profile::openai())
+            .limits(Limits::parse("100/d", "100000/d").unwrap())
+            .registry(Arc::clone(&registry))
+            .first_answer_wait(None)
+            .model_foreign_spending(false)
+            .build()
+            .unwrap();
+        let mut first = admit(&gate, &chat(300, 100)).await;
+        first.sending();
+        let a = first.cost().unwrap().tokens;
+        tokio::time::advance(Duration::from_millis(after_ms)).await;
+        let mut second = admit(&gate, &chat(200, 100)).await;
+        second.sending();
+        let b = second.cost().unwrap().tokens;
+        // The provider counted the second call before the first: its count holds both.
+        first
+            .respond(StatusCode::OK, &remaining(100_000 - a - b), None)
+            .await;
+        let expected = 100_000 - a - b - if taken_off { b } else { 0 };
+        assert_eq!(
+            tokens_left(&registry).await,
+            i128::from(expected),
+            "second call {after_ms} ms after the first"
+        );
+        drop(second);
+    }
 }

@@ -194,29 +194,60 @@ async fn limits_are_learned_per_currency_checked_and_learned_again() {
 
 /// Learning limits that conflict with another use of the key fails after the provider
 /// answered: the answer stands (a 200 is never turned into an error), and the failure is
-/// counted.
-#[tokio::test(start_paused = true)]
-async fn an_error_after_the_provider_answered_never_replaces_the_answer() {
-    let registry = Arc::new(Registry::new(MemoryStore::new()));
-    // Another part of the program holds the key with other limits.
-    let _other = registry
-        .limiter("openai:gpt-4o", &Limits::parse("7/m", "").unwrap())
-        .unwrap();
-    let gate = Gate::builder(Profile::openai())
-        .limits_from_headers(Duration::from_secs(60))
-        .registry(Arc::clone(&registry))
+/// counted in `tollgate_gate_errors_total`, once. (`Verdict::Passed` alone proves nothing:
+/// `respond` answers it for every status but a 429.)
+#[test]
+fn an_error_after_the_provider_answered_never_replaces_the_answer() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
         .build()
         .unwrap();
-    let body = json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]});
-    let mut call = gate
-        .admit(&parts(), body.to_string().as_bytes())
-        .await
-        .unwrap();
-    let headers = header_map(&[("x-ratelimit-limit-requests", "500")]);
-    assert_eq!(
-        call.respond(StatusCode::OK, &headers, None).await,
-        Verdict::Passed
-    );
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let registry = Arc::new(Registry::new(MemoryStore::new()));
+            // Another part of the program holds the key with other limits.
+            let _other = registry
+                .limiter("openai:gpt-4o", &Limits::parse("7/m", "").unwrap())
+                .unwrap();
+            let gate = Gate::builder(Profile::openai())
+                .limits_from_headers(Duration::from_secs(60))
+                .registry(Arc::clone(&registry))
+                .build()
+                .unwrap();
+            let body = json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]});
+            let mut call = gate
+                .admit(&parts(), body.to_string().as_bytes())
+                .await
+                .unwrap();
+            let headers = header_map(&[("x-ratelimit-limit-requests", "500")]);
+            assert_eq!(
+                call.respond(StatusCode::OK, &headers, None).await,
+                Verdict::Passed
+            );
+        });
+    });
+    let errors: Vec<(String, u64)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, _, _, _)| key.key().name() == "tollgate_gate_errors_total")
+        .map(|(key, _, _, value)| {
+            let labels: Vec<String> = key
+                .key()
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            let DebugValue::Counter(n) = value else {
+                panic!("tollgate_gate_errors_total is a counter")
+            };
+            (labels.join(","), n)
+        })
+        .collect();
+    assert_eq!(errors, vec![("key=openai:gpt-4o".to_owned(), 1)]);
 }
 
 /// An Anthropic 429 whose `retry-after` can't be read is a rate limit to retry, not a spend

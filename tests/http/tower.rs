@@ -210,8 +210,16 @@ async fn a_permanent_429_fails_at_once_and_is_never_retried() {
     }
 }
 
+/// Two calls at once on a provider that allows one request a second: one is refused with a
+/// pause, and its retry reaches the provider no sooner than that pause after the refusal, and
+/// pays its toll again (every attempt the provider saw was admitted by the gate).
 #[tokio::test]
 async fn a_transient_429_is_retried_after_the_providers_pause_and_pays_again() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    // This thread's recorder: the test, the layer and the stand-in run on this one thread.
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _recording = metrics::set_default_local_recorder(&recorder);
     // The provider allows one request a second; tollgate was told far more.
     let limits = Limits::parse("100/s", "100000/m").unwrap();
     let s = setup(
@@ -230,6 +238,33 @@ async fn a_transient_429_is_retried_after_the_providers_pause_and_pays_again() {
     let refused = s.provider.stats.refused.load(Ordering::Relaxed);
     assert!((1..=2).contains(&refused), "{refused} 429s");
     assert_eq!(s.provider.stats.ok.load(Ordering::Relaxed), 2);
+    let mut arrivals = s.provider.stats.arrivals.lock().unwrap().clone();
+    arrivals.sort();
+    assert_eq!(arrivals.len() as u64, 2 + refused, "{arrivals:?}");
+    // The last attempt is the last retry: it came after the last refusal's pause.
+    let (refused_at, pause) = arrivals
+        .iter()
+        .rev()
+        .find_map(|(at, pause)| pause.map(|p| (*at, p)))
+        .unwrap();
+    let (retried_at, last) = *arrivals.last().unwrap();
+    assert_eq!(last, None, "{arrivals:?}");
+    assert!(
+        retried_at >= refused_at + pause,
+        "refused at {refused_at:?} with a pause of {pause:?}, retried at {retried_at:?}"
+    );
+    // Each attempt paid its toll: the refused one, and its retry.
+    let admitted: u64 = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, _, _, _)| key.key().name() == "tollgate_calls_admitted_total")
+        .map(|(_, _, _, value)| match value {
+            DebugValue::Counter(n) => n,
+            other => panic!("{other:?}"),
+        })
+        .sum();
+    assert_eq!(admitted, 2 + refused);
 }
 
 #[tokio::test]

@@ -8,6 +8,7 @@ mod failover;
 mod faults;
 mod hardening;
 mod macro_on_redis;
+mod processes;
 #[cfg(feature = "http")]
 mod queue;
 mod sentinel;

@@ -122,6 +122,14 @@ async fn a_call_that_would_wait_past_its_deadline_gets_a_providers_429_from_the_
     let proxy = proxy(&format!(
         r#"
         [[upstream]]
+        name = "late-requests"
+        url = "http://{addr}"
+        mount = "/r"
+        profile = "openai"
+        requests = "1/m"
+        tokens = "100000/m"
+        timeout_seconds = 0.2
+        [[upstream]]
         name = "late"
         url = "http://{addr}"
         profile = "openai"
@@ -164,7 +172,19 @@ async fn a_call_that_would_wait_past_its_deadline_gets_a_providers_429_from_the_
         "retry-after {after}, expected about {expected}"
     );
     assert_eq!(refused.json()["error"]["code"], "rate_limit_exceeded");
-    assert_eq!(refused.json()["error"]["type"], "requests");
+    // The tokens could not pay (the requests could): the 429 names the token window, in
+    // OpenAI's words, since a client's gate reads them to tell which window is spent.
+    assert_eq!(
+        refused.json()["error"]["type"],
+        "tokens",
+        "{:?}",
+        refused.json()
+    );
+    let message = refused.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(message.contains("on tokens per min (TPM)"), "{message}");
     // Anthropic's shape on Anthropic's path.
     let messages = json!({"model": "claude", "max_tokens": 10, "messages": [{"role": "user", "content": words}]});
     assert_eq!(
@@ -175,9 +195,35 @@ async fn a_call_that_would_wait_past_its_deadline_gets_a_providers_429_from_the_
     assert_eq!(refused.status, 429);
     assert_eq!(refused.json()["type"], "error");
     assert_eq!(refused.json()["error"]["type"], "rate_limit_error");
+    let message = refused.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(message.contains("input tokens per minute"), "{message}");
+    // A refusal for want of a request names the request window.
+    let small = json!({"model": "gpt-4o", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]});
+    assert_eq!(
+        post(proxy.addr, "/r/v1/chat/completions", &small)
+            .await
+            .status,
+        200
+    );
+    let refused = post(proxy.addr, "/r/v1/chat/completions", &small).await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(
+        refused.json()["error"]["type"],
+        "requests",
+        "{:?}",
+        refused.json()
+    );
+    let message = refused.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(message.contains("on requests per min (RPM)"), "{message}");
     assert_eq!(
         stand_in.stats.ok.load(std::sync::atomic::Ordering::Relaxed),
-        2
+        3
     );
     assert_eq!(
         stand_in
