@@ -30,14 +30,16 @@ use tollgate::store::AnyStore;
 
 use crate::config::Config;
 use crate::proxy::handle;
-use crate::state::{Shared, StartError};
+use crate::state::{Current, Lasting, ReloadError, Shared, StartError};
 
 /// A proxy bound to its address, not yet serving.
 pub struct Proxy {
     listener: TcpListener,
     /// The operators' live view (`admin_listen`), when configured.
     admin: Option<TcpListener>,
+    /// The first configuration's (for what outlives reloads: bounds, metrics, the drain).
     shared: Arc<Shared>,
+    current: Arc<Current>,
     drain: std::time::Duration,
 }
 
@@ -310,7 +312,9 @@ impl Proxy {
             );
             config.bounds.max_connections = room.max(1);
         }
-        let shared = Arc::new(Shared::new(&config, store)?);
+        let lasting = Arc::new(Lasting::new(&config, store));
+        let current = Arc::new(Current::new(Shared::new(&config, &lasting, 0)?));
+        let shared = current.get();
         let listener = TcpListener::bind(config.listen)
             .await
             .map_err(|e| StartError(format!("listen on {}: {e}", config.listen)))?;
@@ -332,6 +336,7 @@ impl Proxy {
             listener,
             admin,
             shared,
+            current,
             drain: config.drain,
         })
     }
@@ -373,7 +378,7 @@ impl Proxy {
         let _admin = self.admin.map(|listener| {
             AbortOnDrop(tokio::spawn(crate::admin::serve(
                 listener,
-                Arc::clone(&self.shared),
+                Arc::clone(&self.current),
             )))
         });
         let mut shutdown = std::pin::pin!(shutdown);
@@ -417,10 +422,11 @@ impl Proxy {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .insert(id, Arc::clone(&connection));
-            let shared = Arc::clone(&self.shared);
+            let current = Arc::clone(&self.current);
             let watched = Arc::clone(&connection);
             let service = service_fn(move |request| {
-                let shared = Arc::clone(&shared);
+                // Each request keeps the configuration in force when it came to its end.
+                let shared = current.get();
                 let in_flight = watched.start();
                 async move { Ok::<_, Infallible>(handle(shared, request, in_flight).await) }
             });
@@ -468,10 +474,16 @@ impl Proxy {
         }
     }
 
+    /// What reloads the configuration while the proxy serves.
+    pub fn reloader(&self) -> Reloader {
+        Reloader(Arc::clone(&self.current))
+    }
+
     /// Serves in a task of its own: for tests and embedding.
     pub fn spawn(self) -> Running {
         let addr = self.local_addr();
         let admin = self.admin_addr();
+        let reloader = self.reloader();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(self.serve(async move {
             let _ = stopped.await;
@@ -479,9 +491,45 @@ impl Proxy {
         Running {
             addr,
             admin,
+            reloader,
             stop: Some(stop),
             task,
         }
+    }
+}
+
+/// Reloads a serving proxy's configuration (what SIGHUP does to the binary).
+///
+/// ```no_run
+/// # async fn f(running: tollgate_proxy::Running) -> Result<(), Box<dyn std::error::Error>> {
+/// let config = tollgate_proxy::Config::from_file("proxy.toml".as_ref())?;
+/// running.reloader.reload(config).await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Reloader(Arc<Current>);
+
+impl std::fmt::Debug for Reloader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reloader")
+    }
+}
+
+impl Reloader {
+    /// Puts `config` in force: calls in flight finish on the old one; keys whose limits did
+    /// not change keep their levels; keys whose limits changed start from the new limits,
+    /// never above what they held; virtual keys added work at once and revoked ones are
+    /// refused. A configuration that can't be used is refused (its errors returned and
+    /// logged) and the one in force stays. The listeners, the store, the connection bounds
+    /// and the drain take a restart (kept, with a warning). Answers how many keys' levels were
+    /// carried over.
+    pub async fn reload(&self, config: Config) -> Result<usize, ReloadError> {
+        let reloaded = self.0.reload(config).await;
+        if let Err(err) = &reloaded {
+            tracing::error!(error = %err, "reload refused");
+        }
+        reloaded
     }
 }
 
@@ -500,6 +548,8 @@ pub struct Running {
     pub addr: SocketAddr,
     /// Where the operators' live view listens (`admin_listen`), if anywhere.
     pub admin: Option<SocketAddr>,
+    /// Reloads its configuration.
+    pub reloader: Reloader,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<Drained>,
 }

@@ -74,7 +74,7 @@ pub(crate) struct Counts {
 /// queue, never listed).
 pub(crate) struct Tally {
     /// The tenants the configuration names (virtual keys' tenants, the default).
-    named: BTreeSet<String>,
+    named: std::sync::RwLock<BTreeSet<String>>,
     /// `memory` or `redis`.
     store: &'static str,
     counts: Mutex<HashMap<String, Counts>>,
@@ -87,7 +87,7 @@ pub(crate) struct Tally {
 impl Tally {
     pub(crate) fn new(config: &Config) -> Tally {
         Tally {
-            named: config.tenants.named().cloned().collect(),
+            named: std::sync::RwLock::new(config.tenants.named().cloned().collect()),
             store: if config.redis.is_some() {
                 "redis"
             } else {
@@ -104,7 +104,15 @@ impl Tally {
     fn entry(&self, key: &str) -> String {
         let key = key.split('@').next().unwrap_or(key);
         match key.split_once(&format!(":{TENANT_PART}")) {
-            Some((_, tenant)) if self.named.contains(tenant) => key.to_owned(),
+            Some((_, tenant))
+                if self
+                    .named
+                    .read()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .contains(tenant) =>
+            {
+                key.to_owned()
+            }
             Some((upstream, _)) => format!("{upstream}:{TENANT_PART}{OTHER}"),
             None => key.to_owned(),
         }
@@ -118,6 +126,11 @@ impl Tally {
         } else if counts.len() < COUNTED_KEYS {
             add(counts.entry(entry).or_default());
         }
+    }
+
+    /// After a reload: the tenants the configuration names now.
+    pub(crate) fn rename(&self, named: BTreeSet<String>) {
+        *self.named.write().unwrap_or_else(PoisonError::into_inner) = named;
     }
 
     /// A call was admitted at `key`.
@@ -293,18 +306,17 @@ fn unix_ms() -> u64 {
 
 /// The limiter holding a key's windows, if its limits are known.
 fn limiter_of(shared: &Shared, upstream: &Upstreamed, key: &str, tenant: bool) -> Option<Limiter> {
+    let stored = shared.store_key(key);
     if tenant {
         let name = key.rsplit(TENANT_PART).next()?;
         let limits = shared.tenant_limits(name)?;
-        return shared.registry.limiter(key, limits).ok();
+        return shared.registry.limiter(&stored, limits).ok();
     }
-    if let Some(limiter) = upstream.gate.limiter_of(key) {
+    if let Some(limiter) = upstream.gate.limiter_of(&stored) {
         return Some(limiter);
     }
-    match &upstream.config.limits {
-        LimitsFrom::Fixed(limits) => shared.registry.limiter(key, limits).ok(),
-        LimitsFrom::Headers => None,
-    }
+    let limits = upstream.gate.configured_limits(&stored)?;
+    shared.registry.limiter(&stored, limits).ok()
 }
 
 /// What a key's calls cost, as the view shows it.
@@ -325,6 +337,7 @@ fn pause_of(counts: &Counts) -> Option<serde_json::Value> {
 
 /// Reads every key.
 async fn view(shared: &Shared) -> View {
+    let named: BTreeSet<String> = shared.config.tenants.named().cloned().collect();
     let counts = shared.live.counts();
     let mut store_ok = true;
     let mut keys = Vec::new();
@@ -358,7 +371,7 @@ async fn view(shared: &Shared) -> View {
                 continue;
             }
             match key.strip_prefix(&tenant_prefix) {
-                Some(tenant) if shared.live.named.contains(tenant) => {
+                Some(tenant) if named.contains(tenant) => {
                     tenants.insert(tenant.to_owned());
                 }
                 Some(_) => {}
@@ -371,9 +384,7 @@ async fn view(shared: &Shared) -> View {
         }
         if shared.tenant_windows() {
             tenants.extend(
-                shared
-                    .live
-                    .named
+                named
                     .iter()
                     .filter(|t| shared.tenant_limits(t).is_some())
                     .cloned(),
@@ -467,7 +478,7 @@ async fn view(shared: &Shared) -> View {
             ));
         }
     }
-    for tenant in &shared.live.named {
+    for tenant in &named {
         if let Some(tier) = shared.tier(tenant)
             && !tier.spend.is_empty()
         {
@@ -481,7 +492,10 @@ async fn view(shared: &Shared) -> View {
     }
     for (key, upstream, tenant, spend) in budgets {
         let limits = Limits::default().with_spend(spend);
-        let limiter = shared.registry.limiter(&key, &limits).ok();
+        let limiter = shared
+            .registry
+            .limiter(&shared.store_key(&key), &limits)
+            .ok();
         let snapshot = match &limiter {
             Some(limiter) if store_ok => {
                 match tokio::time::timeout(STORE_WAIT, limiter.snapshot()).await {
@@ -589,7 +603,7 @@ async fn serve_request(shared: &Shared, request: Request<Incoming>) -> Response<
 }
 
 /// Serves the admin listener until the task is dropped (its connections with it).
-pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+pub(crate) async fn serve(listener: TcpListener, current: Arc<crate::state::Current>) {
     let mut connections = JoinSet::new();
     loop {
         let (stream, _) = match listener.accept().await {
@@ -607,11 +621,11 @@ pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
             continue;
         }
         let _ = stream.set_nodelay(true);
-        let shared = Arc::clone(&shared);
-        let header_timeout = shared.bounds.header_timeout;
+        let current = Arc::clone(&current);
+        let header_timeout = current.get().bounds.header_timeout;
         connections.spawn(async move {
             let service = service_fn(move |request| {
-                let shared = Arc::clone(&shared);
+                let shared = current.get();
                 async move { Ok::<_, Infallible>(serve_request(&shared, request).await) }
             });
             // A kept-alive connection that sends nothing is closed after the header timeout.

@@ -334,7 +334,9 @@ pub(crate) async fn prepare(
     if let Some(tenant) = tenant
         && let Some(limits) = shared.tenant_limits(&tenant.name)
     {
-        let key = format!("{}:{TENANT_PART}{}", upstream.name, tenant.name);
+        let logical = format!("{}:{TENANT_PART}{}", upstream.name, tenant.name);
+        shared.carry(&logical).await;
+        let key = shared.store_key(&logical);
         let limiter = shared
             .registry
             .limiter(&key, limits)
@@ -368,6 +370,8 @@ pub(crate) async fn prepare(
     }
     // Budgets never wait: a spent budget is answered as the provider answers a spent quota.
     for (key, limits, named) in budgets(shared, upstream, tenant) {
+        shared.carry(&key).await;
+        let key = shared.store_key(&key);
         let limiter = shared
             .registry
             .limiter(&key, &limits)

@@ -259,6 +259,10 @@ impl Sending<'_> {
         current: &Arc<Upstreamed>,
     ) -> Result<(Arc<Upstreamed>, tollgate::http::Call), tollgate::Error> {
         if self.members.is_empty() {
+            let key = attempts.estimated().key();
+            self.shared
+                .carry(key.split('@').next().unwrap_or(key))
+                .await;
             return Ok((Arc::clone(current), attempts.admit().await?));
         }
         let mut candidates: Vec<Arc<Upstreamed>> = self

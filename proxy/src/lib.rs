@@ -45,7 +45,7 @@ mod route;
 mod state;
 mod tenant;
 
-pub use accept::{Drained, Proxy, Running};
+pub use accept::{Drained, Proxy, Reloader, Running};
 pub use config::{Config, ConfigError};
 pub use relay::Relay;
-pub use state::StartError;
+pub use state::{ReloadError, StartError};

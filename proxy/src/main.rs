@@ -25,7 +25,8 @@ FLAGS (each overrides the file):
     --max-body BYTES        larger request bodies get 413 (default 33554432)
     --drain SECONDS         how long calls in flight run on after SIGTERM (default 30)
     --log json|text         log format (default json); RUST_LOG filters (default info)
-    --config FILE           a TOML configuration (see the README)
+    --config FILE           a TOML configuration (see the README); SIGHUP reloads it
+    --watch SECONDS         also reload the file when it changes, looking this often
     -h, --help              this text
     -V, --version           the version
 
@@ -48,6 +49,7 @@ struct Flags {
     max_body: Option<String>,
     drain: Option<String>,
     log: Option<String>,
+    watch: Option<String>,
 }
 
 fn parse(args: impl Iterator<Item = String>) -> Result<Option<Flags>, String> {
@@ -81,6 +83,7 @@ fn parse(args: impl Iterator<Item = String>) -> Result<Option<Flags>, String> {
             "--max-body" => &mut flags.max_body,
             "--drain" => &mut flags.drain,
             "--log" => &mut flags.log,
+            "--watch" => &mut flags.watch,
             other => return Err(format!("unknown argument `{other}` (see --help)")),
         };
         let value = match inline {
@@ -138,6 +141,15 @@ fn config(flags: &Flags) -> Result<Config, String> {
             .parse()
             .map_err(|e| format!("--max-body `{bytes}`: {e}"))?;
     }
+    if let Some(every) = &flags.watch {
+        if flags.config.is_none() {
+            return Err("--watch needs --config FILE".to_owned());
+        }
+        match every.parse::<f64>() {
+            Ok(s) if s.is_finite() && (0.1..=86_400.0).contains(&s) => {}
+            _ => return Err(format!("--watch `{every}`: 0.1 to 86400 seconds")),
+        }
+    }
     if let Some(seconds) = &flags.drain {
         let value: f64 = seconds
             .parse()
@@ -162,6 +174,59 @@ fn logs(format: Option<&str>) -> Result<(), String> {
         other => return Err(format!("--log `{other}`: json or text")),
     }
     Ok(())
+}
+
+/// Reloads the configuration (the file, with the flags over it) on SIGHUP and, with
+/// `--watch`, when the file changes. A configuration that can't be used is refused and
+/// logged; the one in force stays.
+async fn reloads(flags: Flags, reloader: tollgate_proxy::Reloader) {
+    let watch = flags
+        .watch
+        .as_deref()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.1)
+        .map(Duration::from_secs_f64);
+    let modified = |path: &str| std::fs::metadata(path).and_then(|m| m.modified()).ok();
+    let mut seen = flags.config.as_deref().and_then(modified);
+    #[cfg(unix)]
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    loop {
+        let tick = async {
+            match watch {
+                Some(every) => tokio::time::sleep(every).await,
+                None => std::future::pending().await,
+            }
+        };
+        #[cfg(unix)]
+        let hung_up = async {
+            match hangup.as_mut() {
+                Some(signal) => signal.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let hung_up = std::future::pending::<Option<()>>();
+        let why = tokio::select! {
+            _ = hung_up => "SIGHUP",
+            () = tick => {
+                let now = flags.config.as_deref().and_then(modified);
+                if now == seen {
+                    continue;
+                }
+                seen = now;
+                "the file changed"
+            }
+        };
+        tracing::info!(why, "reloading the configuration");
+        match config(&flags) {
+            Ok(config) => {
+                let _ = reloader.reload(config).await;
+            }
+            Err(err) => {
+                tracing::error!(error = %err, "reload refused: the configuration in force stays")
+            }
+        }
+    }
 }
 
 /// Completes on SIGTERM or Ctrl-C.
@@ -223,7 +288,10 @@ fn main() -> ExitCode {
         if let Some(admin) = proxy.admin_addr() {
             tracing::info!(admin = %admin, "the live view: http://{admin}/admin/");
         }
-        match proxy.serve(terminated()).await {
+        let reloading = tokio::spawn(reloads(flags, proxy.reloader()));
+        let drained = proxy.serve(terminated()).await;
+        reloading.abort();
+        match drained {
             Drained::Clean => ExitCode::SUCCESS,
             Drained::Cut => ExitCode::from(3),
         }

@@ -65,7 +65,7 @@ pub(crate) struct Shared {
     pub(crate) tenant_header: Option<HeaderName>,
     pub(crate) virtual_key_paths: KeyPaths,
     pub(crate) registry: Arc<Registry>,
-    pub(crate) draining: AtomicBool,
+    pub(crate) draining: Arc<AtomicBool>,
     pub(crate) metrics: Metrics,
     pub(crate) proxy_metrics: ProxyMetrics,
     /// The memory for request bodies, in units of [`BUFFER_UNIT`] bytes.
@@ -73,7 +73,7 @@ pub(crate) struct Shared {
     /// The last answer of the store to `/readyz`, and when it came.
     pub(crate) ready: Mutex<Option<(tokio::time::Instant, bool)>>,
     /// Told when the drain starts (bodies still coming are answered 503).
-    pub(crate) drain_started: tokio::sync::Notify,
+    pub(crate) drain_started: Arc<tokio::sync::Notify>,
     /// Each key's counts, for the live view (`admin.rs`).
     pub(crate) live: Arc<crate::admin::Tally>,
     /// The configuration it was built from: tiers, pools.
@@ -81,6 +81,226 @@ pub(crate) struct Shared {
     /// Where the next pool call starts looking among the members (so that members that can
     /// all admit at once share the calls).
     pub(crate) next_member: std::sync::atomic::AtomicUsize,
+    /// What outlives a reload.
+    pub(crate) lasting: Arc<Lasting>,
+    /// Which configuration this is (0: the first), in [`Lasting::history`].
+    generation: usize,
+    /// The keys whose levels were carried over into this configuration already.
+    carried: Mutex<HashSet<String>>,
+}
+
+/// The most keys a configuration remembers having carried over (past it, it forgets them:
+/// carrying again is harmless, only a few store operations).
+const CARRIED_KEYS: usize = 10_000;
+
+/// What outlives a reload: the store and its keys' limiters, the counts, the memory for
+/// bodies, the drain, and the configuration the process started with.
+pub(crate) struct Lasting {
+    registry: Arc<Registry>,
+    /// The tenants with labels of their own (read by the registry's label function).
+    named: Arc<std::sync::RwLock<BTreeSet<String>>>,
+    live: Arc<crate::admin::Tally>,
+    buffered: Arc<Semaphore>,
+    draining: Arc<AtomicBool>,
+    drain_started: Arc<tokio::sync::Notify>,
+    metrics: Metrics,
+    proxy_metrics: ProxyMetrics,
+    /// The configuration the process started with: a key whose limits differ from what they
+    /// were in it is stored as `{key}@{limits}` (a store keeps one set of limits per key).
+    base: Config,
+    /// Every configuration put in force since, the first one first.
+    history: Mutex<Vec<Config>>,
+}
+
+impl Lasting {
+    /// From the configuration the process starts with, over `store`.
+    pub(crate) fn new(config: &Config, store: tollgate::store::AnyStore) -> Lasting {
+        // The recorder first: the counters made below must be its.
+        let metrics = Metrics::new();
+        let proxy_metrics = ProxyMetrics::new();
+        let named = Arc::new(std::sync::RwLock::new(
+            config
+                .tenants
+                .named()
+                .cloned()
+                .collect::<BTreeSet<String>>(),
+        ));
+        // Tenants the configuration names keep their own label; every other (a hashed key, a
+        // header's value) shares one.
+        let labels = Arc::clone(&named);
+        let registry = Arc::new(Registry::new(store).label_keys(move |key| {
+            let named = labels.read().unwrap_or_else(PoisonError::into_inner);
+            let key = key.split('@').next().unwrap_or(key);
+            if let Some(tenant) = key.strip_prefix(&format!("{BUDGET}{TENANT_PART}")) {
+                return if named.contains(tenant) {
+                    key.to_owned()
+                } else {
+                    format!("{BUDGET}{TENANT_PART}{OTHER}")
+                };
+            }
+            match key.split_once(&format!(":{TENANT_PART}")) {
+                Some((_, tenant)) if named.contains(tenant) => key.to_owned(),
+                Some((upstream, _)) => format!("{upstream}:{TENANT_PART}{OTHER}"),
+                None => key.to_owned(),
+            }
+        }));
+        let units = (config.bounds.max_buffered / BUFFER_UNIT).clamp(1, Semaphore::MAX_PERMITS);
+        Lasting {
+            registry,
+            named,
+            live: Arc::new(crate::admin::Tally::new(config)),
+            buffered: Arc::new(Semaphore::new(units)),
+            draining: Arc::new(AtomicBool::new(false)),
+            drain_started: Arc::new(tokio::sync::Notify::new()),
+            metrics,
+            proxy_metrics,
+            base: config.clone(),
+            history: Mutex::new(vec![config.clone()]),
+        }
+    }
+}
+
+/// The limits `config` gives the logical key `key` (an upstream's own key, a model's, a
+/// tenant's at an upstream, a budget), when it gives fixed ones.
+pub(crate) fn limits_of_key(config: &Config, key: &str) -> Option<Limits> {
+    let spend_only = |rates: &tollgate::Rates| {
+        (!rates.is_empty()).then(|| Limits::default().with_spend(rates.clone()))
+    };
+    if let Some(rest) = key.strip_prefix(BUDGET) {
+        if let Some(tenant) = rest.strip_prefix(TENANT_PART) {
+            return config
+                .tenants
+                .tier_of(tenant)
+                .and_then(|tier| spend_only(&tier.spend));
+        }
+        if let Some(tier) = rest.strip_prefix("tier:") {
+            return config
+                .tenants
+                .tiers
+                .get(tier)
+                .and_then(|tier| spend_only(&tier.spend_total));
+        }
+        let name = rest.strip_prefix("upstream:")?;
+        let upstream = config.upstreams.iter().find(|u| u.name == name)?;
+        return spend_only(&upstream.spend);
+    }
+    let (name, rest) = key.split_once(':').unwrap_or((key, ""));
+    let upstream = config.upstreams.iter().find(|u| u.name == name)?;
+    if let Some(tenant) = rest.strip_prefix(TENANT_PART) {
+        return config
+            .tenants
+            .tier_of(tenant)
+            .and_then(|tier| tier.limits.clone());
+    }
+    let own = upstream
+        .models
+        .iter()
+        .find(|m| !rest.is_empty() && m.name == rest)
+        .and_then(|m| m.limits.as_ref());
+    match own.unwrap_or(&upstream.limits) {
+        LimitsFrom::Fixed(limits) => Some(limits.clone()),
+        LimitsFrom::Headers => None,
+    }
+}
+
+/// Where the logical key `key` is stored under `config`, for a process that started with
+/// `base`: the key itself, or `{key}@{limits}` when its limits differ from what they were at
+/// the start.
+fn store_key_in(base: &Config, config: &Config, key: &str) -> String {
+    if std::ptr::eq(base, config) {
+        return key.to_owned();
+    }
+    match (limits_of_key(base, key), limits_of_key(config, key)) {
+        (Some(was), Some(now)) if was != now => format!("{key}@{now}"),
+        _ => key.to_owned(),
+    }
+}
+
+/// The configuration in force: every request takes the one current when it arrives, and keeps
+/// it to its end; a reload swaps it whole.
+pub(crate) struct Current {
+    shared: std::sync::RwLock<Arc<Shared>>,
+    /// One reload at a time.
+    reloading: tokio::sync::Mutex<()>,
+}
+
+/// Why a reload was refused (the configuration in force stays).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReloadError(pub Vec<String>);
+
+impl std::fmt::Display for ReloadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "reload refused, the configuration in force stays: {}",
+            self.0.join("; ")
+        )
+    }
+}
+
+impl std::error::Error for ReloadError {}
+
+impl Current {
+    pub(crate) fn new(shared: Shared) -> Current {
+        Current {
+            shared: std::sync::RwLock::new(Arc::new(shared)),
+            reloading: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The configuration in force.
+    pub(crate) fn get(&self) -> Arc<Shared> {
+        Arc::clone(&self.shared.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Puts `config` in force: built whole first (a configuration that can't be used is
+    /// refused, and the one in force stays), then keys whose limits changed are carried over
+    /// (never above what they held), then it is swapped in. Calls in flight finish on the
+    /// configuration they started with. What only a restart can change (the listeners, the
+    /// store, the connection bounds, the drain) is kept, with a warning. Answers how many
+    /// keys were carried over.
+    pub(crate) async fn reload(&self, config: Config) -> Result<usize, ReloadError> {
+        let _one = self.reloading.lock().await;
+        let old = self.get();
+        let mut config = config;
+        let was = &old.config;
+        let mut kept = Vec::new();
+        if config.listen != was.listen {
+            kept.push("listen");
+            config.listen = was.listen;
+        }
+        if config.admin_listen != was.admin_listen {
+            kept.push("admin_listen");
+            config.admin_listen = was.admin_listen;
+        }
+        if config.redis != was.redis {
+            kept.push("redis");
+            config.redis.clone_from(&was.redis);
+        }
+        if config.bounds != was.bounds {
+            kept.push("the connection and body bounds");
+            config.bounds = was.bounds.clone();
+        }
+        if config.drain != was.drain {
+            kept.push("drain_seconds");
+            config.drain = was.drain;
+        }
+        if !kept.is_empty() {
+            tracing::warn!(kept = ?kept, "reload: these take a restart to change; kept as they were");
+        }
+        let generation = old.generation + 1;
+        let shared =
+            Shared::new(&config, &old.lasting, generation).map_err(|e| ReloadError(vec![e.0]))?;
+        old.lasting
+            .history
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(config.clone());
+        let carried = shared.carry_known().await;
+        *self.shared.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(shared);
+        tracing::info!(carried, "reload: the new configuration is in force");
+        Ok(carried)
+    }
 }
 
 /// The key of a tenant's budget (`budget:tenant:{name}`), a tier's shared budget
@@ -205,45 +425,32 @@ pub(crate) fn model_of<'a>(
 fn key_fn(
     upstream: &Upstream,
     profile: Profile,
+    naming: Arc<(Config, Config)>,
 ) -> impl Fn(&http::request::Parts, &Value) -> String + Send + Sync + 'static {
     let config = upstream.clone();
-    move |parts, body| key_of(&config, &profile, model_of(config.family(), parts, body))
+    move |parts, body| {
+        let key = key_of(&config, &profile, model_of(config.family(), parts, body));
+        store_key_in(&naming.0, &naming.1, &key)
+    }
 }
 
 impl Shared {
-    /// Builds every upstream's gate and client on a registry over `store`.
+    /// Builds every upstream's gate and client, on what lasts across reloads: the first
+    /// configuration (`generation` 0), or the one a reload puts in force after the others.
     pub(crate) fn new(
         config: &Config,
-        store: tollgate::store::AnyStore,
+        lasting: &Arc<Lasting>,
+        generation: usize,
     ) -> Result<Shared, StartError> {
-        // The recorder first: the counters made below must be its.
-        let metrics = Metrics::new();
-        let proxy_metrics = ProxyMetrics::new();
         let tenancy = Tenancy::new(&config.tenants);
-        // Tenants the configuration names keep their own label; every other (a hashed key, a
-        // header's value) shares one.
-        let named: BTreeSet<String> = config.tenants.named().cloned().collect();
-        let registry = Arc::new(Registry::new(store).label_keys(move |key| {
-            let key = key.split('@').next().unwrap_or(key);
-            if let Some(tenant) = key.strip_prefix(&format!("{BUDGET}{TENANT_PART}")) {
-                return if named.contains(tenant) {
-                    key.to_owned()
-                } else {
-                    format!("{BUDGET}{TENANT_PART}{OTHER}")
-                };
-            }
-            match key.split_once(&format!(":{TENANT_PART}")) {
-                Some((_, tenant)) if named.contains(tenant) => key.to_owned(),
-                Some((upstream, _)) => format!("{upstream}:{TENANT_PART}{OTHER}"),
-                None => key.to_owned(),
-            }
-        }));
+        let registry = Arc::clone(&lasting.registry);
+        let naming = Arc::new((lasting.base.clone(), config.clone()));
         let mut upstreams = Vec::new();
         for u in &config.upstreams {
             let profile = with_models(u, u.library_profile().map_err(StartError)?);
             let builder = Gate::builder(profile.clone())
                 .registry(Arc::clone(&registry))
-                .key(key_fn(u, profile.clone()))
+                .key(key_fn(u, profile.clone(), Arc::clone(&naming)))
                 .timeout(Some(u.timeout))
                 .retries(u.retries)
                 .max_body(config.max_body);
@@ -252,7 +459,7 @@ impl Shared {
                 LimitsFrom::Headers => builder.limits_from_headers(Duration::from_secs(60)),
             };
             for model in &u.models {
-                let key = format!("{}:{}", u.name, model.name);
+                let key = store_key_in(&naming.0, &naming.1, &format!("{}:{}", u.name, model.name));
                 builder = match &model.limits {
                     Some(LimitsFrom::Fixed(limits)) => builder.key_limits(key, limits.clone()),
                     Some(LimitsFrom::Headers) => {
@@ -314,7 +521,6 @@ impl Shared {
             TenantFrom::Header(name) => Some(name.clone()),
             _ => None,
         };
-        let units = (config.bounds.max_buffered / BUFFER_UNIT).clamp(1, Semaphore::MAX_PERMITS);
         Ok(Shared {
             upstreams,
             routes: config.upstreams.clone(),
@@ -325,16 +531,136 @@ impl Shared {
             tenant_header,
             virtual_key_paths: config.tenants.virtual_key_paths,
             registry,
-            draining: AtomicBool::new(false),
-            metrics,
-            proxy_metrics,
-            buffered: Arc::new(Semaphore::new(units)),
+            draining: Arc::clone(&lasting.draining),
+            metrics: lasting.metrics.clone(),
+            proxy_metrics: lasting.proxy_metrics.clone(),
+            buffered: Arc::clone(&lasting.buffered),
             ready: Mutex::new(None),
-            drain_started: tokio::sync::Notify::new(),
-            live: Arc::new(crate::admin::Tally::new(config)),
+            drain_started: Arc::clone(&lasting.drain_started),
+            live: Arc::clone(&lasting.live),
             config: config.clone(),
             next_member: std::sync::atomic::AtomicUsize::new(0),
+            lasting: Arc::clone(lasting),
+            generation,
+            carried: Mutex::new(HashSet::new()),
         })
+    }
+
+    /// Where the logical key `key` is stored now (see [`Lasting::base`]).
+    pub(crate) fn store_key(&self, key: &str) -> String {
+        store_key_in(&self.lasting.base, &self.config, key)
+    }
+
+    /// The logical keys with fixed limits this configuration knows by name: upstreams',
+    /// models', named tenants' at each upstream, budgets.
+    fn known_keys(&self) -> Vec<String> {
+        let config = &self.config;
+        let mut keys = Vec::new();
+        let named: Vec<&String> = config.tenants.named().collect();
+        for u in &config.upstreams {
+            keys.push(u.name.clone());
+            keys.extend(u.models.iter().map(|m| format!("{}:{}", u.name, m.name)));
+            keys.extend(named.iter().map(|t| format!("{}:{TENANT_PART}{t}", u.name)));
+            keys.push(format!("{BUDGET}upstream:{}", u.name));
+        }
+        keys.extend(
+            config
+                .tenants
+                .tiers
+                .keys()
+                .map(|t| format!("{BUDGET}tier:{t}")),
+        );
+        keys.extend(named.iter().map(|t| format!("{BUDGET}{TENANT_PART}{t}")));
+        keys.sort();
+        keys.dedup();
+        keys
+    }
+
+    /// After a reload: every key the configuration names whose limits changed starts from its
+    /// new limits, never above what it held; the tenants' labels follow the new names.
+    /// Answers how many keys were carried over.
+    pub(crate) async fn carry_known(&self) -> usize {
+        let mut carried = 0;
+        for key in self.known_keys() {
+            if self.carry(&key).await {
+                carried += 1;
+            }
+        }
+        *self
+            .lasting
+            .named
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) =
+            self.config.tenants.named().cloned().collect();
+        self.live
+            .rename(self.config.tenants.named().cloned().collect());
+        carried
+    }
+
+    /// Carries the levels of the logical key `key` over to this configuration, once: through
+    /// every configuration since the first, each store key the key had starts from its limits
+    /// there, never above what the one before held (per currency, the least its windows held),
+    /// so that no reload can refill anybody's windows (a key whose limits went back to the
+    /// first configuration's is stored as it was, and starts from what the last one held).
+    /// Answers whether anything was carried.
+    pub(crate) async fn carry(&self, key: &str) -> bool {
+        if self.generation == 0 {
+            return false;
+        }
+        {
+            let mut carried = self.carried.lock().unwrap_or_else(PoisonError::into_inner);
+            if carried.len() >= CARRIED_KEYS {
+                carried.clear();
+            }
+            if !carried.insert(key.to_owned()) {
+                return false;
+            }
+        }
+        let history: Vec<Config> = {
+            let history = self
+                .lasting
+                .history
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            history[..=self.generation.min(history.len() - 1)].to_vec()
+        };
+        // The store keys the key had, in order, each with its limits.
+        let mut chain: Vec<(String, Limits)> = Vec::new();
+        for config in &history {
+            let Some(limits) = limits_of_key(config, key) else {
+                continue;
+            };
+            let stored = store_key_in(&self.lasting.base, config, key);
+            if chain.last().is_none_or(|(last, _)| *last != stored) {
+                chain.push((stored, limits));
+            }
+        }
+        let mut moved = false;
+        for pair in chain.windows(2) {
+            let [(from, was), (to, now)] = pair else {
+                continue;
+            };
+            let (Ok(before), Ok(after)) = (
+                self.registry.limiter(from, was),
+                self.registry.limiter(to, now),
+            ) else {
+                continue;
+            };
+            let Ok(held) = before.snapshot().await else {
+                tracing::warn!(%key, "reload: the store did not answer; the key starts full");
+                continue;
+            };
+            for currency in Currency::ALL {
+                if let (Some(level), false) = (held.least(currency), now.of(currency).is_empty()) {
+                    let left = u64::try_from(level.whole().max(0)).unwrap_or(0);
+                    if after.lower(currency, left).await.is_err() {
+                        tracing::warn!(%key, "reload: could not carry a key's levels over");
+                    }
+                }
+            }
+            moved = true;
+        }
+        moved
     }
 
     /// The tier a tenant is in: its own, or the default tier.
@@ -386,16 +712,17 @@ impl Shared {
                     .strip_prefix(upstream.name.as_str())
                     .and_then(|rest| rest.strip_prefix(':'))
                     .is_some_and(|rest| rest.starts_with(TENANT_PART));
+                let stored = self.store_key(&key);
                 let limiter = if tenant_key {
                     let tenant = key.rsplit(TENANT_PART).next().unwrap_or_default();
                     self.tenant_limits(tenant)
-                        .and_then(|limits| self.registry.limiter(&key, limits).ok())
+                        .and_then(|limits| self.registry.limiter(&stored, limits).ok())
                 } else {
-                    upstream.gate.limiter_of(&key).or_else(|| {
+                    upstream.gate.limiter_of(&stored).or_else(|| {
                         upstream
                             .gate
-                            .configured_limits(&key)
-                            .and_then(|limits| self.registry.limiter(&key, limits).ok())
+                            .configured_limits(&stored)
+                            .and_then(|limits| self.registry.limiter(&stored, limits).ok())
                     })
                 };
                 let Some(limiter) = limiter else { continue };
@@ -415,8 +742,10 @@ impl Shared {
 
 impl Upstreamed {
     /// Remembers a key for its level in `/metrics`: model keys, and configured tenants' keys
-    /// (a tenant the configuration doesn't name is never shown on its own).
+    /// (a tenant the configuration doesn't name is never shown on its own). Kept by its
+    /// logical name (without the `@limits` of a key whose limits changed at a reload).
     pub(crate) fn saw_key(&self, key: &str) {
+        let key = key.split('@').next().unwrap_or(key);
         let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
         if keys.contains(key) {
             return;

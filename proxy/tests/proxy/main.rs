@@ -10,6 +10,7 @@ mod deploy;
 mod hostile;
 mod operations;
 mod readme;
+mod reload;
 mod routes;
 mod service;
 mod tenants;
