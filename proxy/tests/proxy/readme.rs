@@ -18,7 +18,7 @@ fn toml_blocks() -> Vec<String> {
 #[tokio::test]
 async fn the_readmes_configuration_starts_a_proxy() {
     let blocks = toml_blocks();
-    assert_eq!(blocks.len(), 2);
+    assert_eq!(blocks.len(), 3);
     let text = format!("{}\n{}", blocks[0], blocks[1]);
     let config = Config::from_toml(&text).unwrap_or_else(|e| panic!("{e}"));
     let names: Vec<&str> = config.upstreams.iter().map(|u| u.name.as_str()).collect();
@@ -28,4 +28,31 @@ async fn the_readmes_configuration_starts_a_proxy() {
     assert_eq!(config.tenants.from, TenantFrom::Key);
     let running = proxy(&text).await;
     assert_eq!(get(running.addr, "/healthz").await.status, 200);
+}
+
+#[tokio::test]
+async fn the_readmes_organisation_starts_a_proxy() {
+    let blocks = toml_blocks();
+    // The real keys' variables: any variable that is set stands for them here.
+    let text = blocks[2]
+        .replace("OPENAI_API_KEY", "PATH")
+        .replace("AZURE_EAST_KEY", "PATH")
+        .replace("AZURE_WEST_KEY", "PATH")
+        .replace("0.0.0.0:8787", "127.0.0.1:0")
+        .replace("127.0.0.1:8788", "127.0.0.1:0");
+    let config = Config::from_toml(&text).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(config.tenants.tiers.len(), 2);
+    assert_eq!(config.tenants.tier_of("nightly").unwrap().name, "batch");
+    assert_eq!(config.tenants.tier_of("alice").unwrap().name, "team");
+    assert_eq!(config.upstreams[0].models.len(), 3);
+    assert_eq!(config.pools[0].members, ["azure-east", "azure-west"]);
+    let running = proxy(&text).await;
+    assert_eq!(get(running.addr, "/healthz").await.status, 200);
+    for example in [
+        include_str!("../../deploy/examples/openai-tier-1.toml"),
+        include_str!("../../deploy/examples/anthropic-tier-1.toml"),
+    ] {
+        let config = Config::from_toml(example).unwrap_or_else(|e| panic!("{e}"));
+        assert!(config.upstreams[0].models.len() >= 4);
+    }
 }
