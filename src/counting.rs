@@ -1,7 +1,7 @@
 //! Counting a long prompt takes a while (1 MB of text is about 25 ms of a CPU), and an async
 //! worker that counts runs nothing else meanwhile. Past a threshold of text (256 KB by default,
 //! set with [`LimiterBuilder::count_off_worker_above`](crate::LimiterBuilder::count_off_worker_above)
-//! and [`GateBuilder::count_off_worker_above`](crate::http::GateBuilder::count_off_worker_above)),
+//! and the HTTP gate's `GateBuilder::count_off_worker_above`),
 //! a count on a multi-threaded tokio runtime runs in `block_in_place`, which hands the worker's
 //! other tasks to another thread first; shorter texts, and counts on a current-thread runtime
 //! (which has no other thread to hand them to), are counted where they are.

@@ -183,7 +183,7 @@ pub enum Error {
     #[cfg(feature = "http")]
     #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
     #[error(transparent)]
-    Body(#[from] crate::http::BodyError),
+    Body(#[from] BodyError),
 
     /// The token estimate could not be made.
     #[error("estimator: {message}")]
@@ -285,4 +285,26 @@ impl Error {
             },
         }
     }
+}
+
+#[cfg(feature = "http")]
+/// Why a request body can't be sent through the HTTP gate (`tollgate::http::BodyError`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BodyError {
+    /// A `content-encoding` the gate can't undo (it undoes `gzip`, `x-gzip`, `deflate`, `br`,
+    /// `zstd` and `identity`): it could not be metered. (A proxy answers 415.)
+    #[error(
+        "the request body's content-encoding `{0}` is not one the gate can read (gzip, deflate, br, zstd)"
+    )]
+    UnsupportedEncoding(String),
+    /// Decoded, the body would be larger than the gate takes. (A proxy answers 413.)
+    #[error("the request body decodes to more than {most} bytes")]
+    TooLarge {
+        /// The most the gate decodes.
+        most: usize,
+    },
+    /// The body does not decode as its `content-encoding` says. (A proxy answers 400.)
+    #[error("the request body is not valid {0}")]
+    Corrupt(String),
 }

@@ -428,7 +428,7 @@ impl Proxy {
                 // Each request keeps the configuration in force when it came to its end.
                 let shared = current.get();
                 let in_flight = watched.start();
-                async move { Ok::<_, Infallible>(handle(shared, request, in_flight).await) }
+                async move { Ok::<_, Infallible>(handle(shared, request, Box::new(in_flight)).await) }
             });
             let io = Watched {
                 stream,

@@ -251,7 +251,7 @@ pub(crate) fn budgets(
                 spend_only(&tier.spend),
                 format!(
                     "the budget of tenant `{}` ({}, tier `{}`)",
-                    crate::proxy::printable(&tenant.name),
+                    crate::answer::printable(&tenant.name),
                     tier.spend.money(),
                     tier.name
                 ),
@@ -321,7 +321,7 @@ pub(crate) async fn prepare(
                 format!(
                     "tollgate-proxy: upstream `{}` does not serve the model `{}`",
                     upstream.name,
-                    crate::proxy::printable(model)
+                    crate::answer::printable(model)
                 ),
             ));
         }

@@ -175,6 +175,20 @@ pub(crate) fn answer(
     response
 }
 
+/// Text a client chose, fit for a log line: at most 64 characters, control characters
+/// escaped (a model name with a newline can't forge a line).
+pub(crate) fn printable(text: &str) -> String {
+    let mut out = String::new();
+    for c in text.chars().take(64) {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

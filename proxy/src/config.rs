@@ -689,7 +689,7 @@ impl Config {
                     || model.is_some_and(|model| {
                         pool.models
                             .iter()
-                            .any(|name| crate::state::family_of(model, name))
+                            .any(|name| crate::keys::family_of(model, name))
                     }))
         })
     }

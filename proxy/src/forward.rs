@@ -337,7 +337,7 @@ pub(crate) async fn metered(
     let family = upstream.family;
     let deadline = attempts.deadline();
     let started = Instant::now();
-    let model = attempts.estimated().model().map(crate::proxy::printable);
+    let model = attempts.estimated().model().map(crate::answer::printable);
     let pool = shared
         .config
         .pool_of(&upstream.name, attempts.estimated().model())

@@ -38,11 +38,13 @@ mod admit;
 mod answer;
 pub mod config;
 mod forward;
+mod keys;
 mod metrics;
 mod proxy;
 mod relay;
 mod route;
 mod state;
+mod tally;
 mod tenant;
 
 pub use accept::{Drained, Proxy, Reloader, Running};

@@ -12,7 +12,6 @@ use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use tollgate::Limits;
 
-use crate::accept::InFlight;
 use crate::admit::{BodyFail, content_length, prepare, read_body};
 use crate::answer::{Kind, answer};
 use crate::config::{Family, KeyPaths};
@@ -27,26 +26,12 @@ const READY_FOR: Duration = Duration::from_secs(1);
 /// How long `/readyz` waits for the store.
 const READY_WAIT: Duration = Duration::from_secs(2);
 
-/// Text a client chose, fit for a log line: at most 64 characters, control characters
-/// escaped (a model name with a newline can't forge a line).
-pub(crate) fn printable(text: &str) -> String {
-    let mut out = String::new();
-    for c in text.chars().take(64) {
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// Serves one request. `in_flight` keeps its connection busy until the client has the whole
-/// answer.
+/// Serves one request. `in_flight` (the connection's mark of a request in flight) is held until
+/// the client has the whole answer.
 pub(crate) async fn handle(
     shared: Arc<Shared>,
     request: Request<Incoming>,
-    in_flight: InFlight,
+    in_flight: Box<dyn Send + Sync>,
 ) -> Response<Relay> {
     let started = std::time::Instant::now();
     let method = request.method().clone();
@@ -65,7 +50,7 @@ pub(crate) async fn handle(
         );
     }
     let (parts, body) = response.into_parts();
-    Response::from_parts(parts, body.holding(Box::new(in_flight)))
+    Response::from_parts(parts, body.holding(in_flight))
 }
 
 /// The service paths: liveness, readiness, metrics.

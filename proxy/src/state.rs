@@ -22,6 +22,7 @@ use tollgate::{Currency, Limits, Registry};
 use crate::config::{
     Bounds, Config, Family, KeyPaths, LimitsFrom, OtherPaths, TenantFrom, Tier, Upstream,
 };
+pub(crate) use crate::keys::{BUDGET, TENANT_PART, family_of};
 use crate::metrics::{Metrics, OTHER, ProxyMetrics, UpstreamMetrics};
 use crate::route::azure_deployment;
 use crate::tenant::Tenancy;
@@ -29,8 +30,6 @@ use crate::tenant::Tenancy;
 /// The client the proxy sends with.
 pub(crate) type UpstreamClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
-/// What follows an upstream's name in its tenants' keys: `{upstream}:tenant:{tenant}`.
-pub(crate) const TENANT_PART: &str = "tenant:";
 /// The most keys per upstream whose levels `/metrics` shows.
 const LEVEL_KEYS: usize = 1_024;
 /// Request bodies are counted against the memory for bodies in units of this many bytes.
@@ -75,7 +74,7 @@ pub(crate) struct Shared {
     /// Told when the drain starts (bodies still coming are answered 503).
     pub(crate) drain_started: Arc<tokio::sync::Notify>,
     /// Each key's counts, for the live view (`admin.rs`).
-    pub(crate) live: Arc<crate::admin::Tally>,
+    pub(crate) live: Arc<crate::tally::Tally>,
     /// The configuration it was built from: tiers, pools.
     pub(crate) config: Config,
     /// Where the next pool call starts looking among the members (so that members that can
@@ -99,7 +98,7 @@ pub(crate) struct Lasting {
     registry: Arc<Registry>,
     /// The tenants with labels of their own (read by the registry's label function).
     named: Arc<std::sync::RwLock<BTreeSet<String>>>,
-    live: Arc<crate::admin::Tally>,
+    live: Arc<crate::tally::Tally>,
     buffered: Arc<Semaphore>,
     draining: Arc<AtomicBool>,
     drain_started: Arc<tokio::sync::Notify>,
@@ -148,7 +147,7 @@ impl Lasting {
         Lasting {
             registry,
             named,
-            live: Arc::new(crate::admin::Tally::new(config)),
+            live: Arc::new(crate::tally::Tally::new(config)),
             buffered: Arc::new(Semaphore::new(units)),
             draining: Arc::new(AtomicBool::new(false)),
             drain_started: Arc::new(tokio::sync::Notify::new()),
@@ -303,10 +302,6 @@ impl Current {
     }
 }
 
-/// The key of a tenant's budget (`budget:tenant:{name}`), a tier's shared budget
-/// (`budget:tier:{name}`) and an upstream's (`budget:upstream:{name}`).
-pub(crate) const BUDGET: &str = "budget:";
-
 /// Why the proxy can't start.
 #[derive(Debug)]
 pub struct StartError(pub String);
@@ -343,13 +338,6 @@ fn client(upstream: &Upstream) -> Result<UpstreamClient, StartError> {
         .pool_max_idle_per_host(1_024)
         .http2_only(upstream.http2_only);
     Ok(client.build(connector))
-}
-
-/// Whether `model` is `name` or one of its family (`name` then `-`, `:`, `@` or `.`).
-pub(crate) fn family_of(model: &str, name: &str) -> bool {
-    model
-        .strip_prefix(name)
-        .is_some_and(|rest| rest.is_empty() || rest.starts_with(['-', ':', '@', '.']))
 }
 
 /// The model a call's key is named after: a listed model (the longest name or alias that

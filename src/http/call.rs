@@ -12,11 +12,11 @@ use tokio::time::Instant;
 
 use super::foreign::start_charger;
 use super::gate::{Estimated, Gate, LimitsFrom};
+use super::headers::{RateHeader, rate_headers, retry_pause};
 use super::keys::Keyed;
 use super::usage::{Reported, error_detail};
 use super::verdict::Verdict;
 use crate::bucket::SyncArgs;
-use crate::headers::{RateHeader, rate_headers, retry_pause};
 use crate::{Cost, Currencies, Currency, Error, Limiter, Permit, Usage};
 
 /// One request on its way: admitted, and waiting for its response.
@@ -383,8 +383,8 @@ impl Call {
         }
         let (code, message, _) = error_body.map(error_detail).unwrap_or_default();
         // Gemini says when only in its body (`RetryInfo.retryDelay`).
-        let pause = retry_pause(headers, now)
-            .or_else(|| error_body.and_then(crate::headers::retry_info_delay));
+        let pause =
+            retry_pause(headers, now).or_else(|| error_body.and_then(super::retry_info_delay));
         let said_when = headers.contains_key("retry-after")
             || headers.contains_key("retry-after-ms")
             || pause.is_some();

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 
 use super::foreign::Foreign;
-use crate::headers::RateHeader;
+use super::headers::RateHeader;
 use crate::{Currency, Error, Limiter, Limits, PerCurrency, Rate, Rates, Registry};
 
 /// The largest limit a gate learns from a header: no provider states a quota of a trillion a

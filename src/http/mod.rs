@@ -101,27 +101,30 @@
 //! async-openai's own retry layer, and `reqwest_middleware::GateMiddleware` after any retry
 //! middleware. Each module shows its client wired up.
 
+mod admission;
 mod attempt;
 mod body;
 mod call;
 mod foreign;
 mod gate;
+mod headers;
 mod json;
 mod keys;
 pub mod models;
 mod profile;
 mod request;
+mod retry_info;
 mod usage;
 mod verdict;
 
-#[doc(no_inline)]
-pub use crate::headers::{RateHeader, go_duration, rate_headers, retry_pause};
 pub use attempt::{Attempts, Next};
 pub use body::Metered;
 pub use call::{Call, SettledFn, Settlement};
 pub use gate::{Estimated, Gate, GateBuilder, KeyFn};
+pub use headers::{RateHeader, go_duration, rate_headers, retry_pause};
 pub use profile::{HeaderNames, OutputTo, Profile, ResetForm};
 pub use request::BodyError;
+pub use retry_info::retry_info_delay;
 pub use usage::{Reported, UsageScanner};
 pub use verdict::{PermanentRefusal, Verdict};
 

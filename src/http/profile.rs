@@ -248,7 +248,7 @@ impl Profile {
     /// bodies and usage fields, but no rate-limit headers at all, so nothing to sync; its limits
     /// are per model (requests and input tokens per minute, requests per day). A 429 is
     /// `RESOURCE_EXHAUSTED`, and says how long to wait only in its JSON body
-    /// (`RetryInfo.retryDelay`, read by [`retry_info_delay`](crate::headers::retry_info_delay));
+    /// (`RetryInfo.retryDelay`, read by [`retry_info_delay`](super::retry_info_delay));
     /// reserved output goes to the output-token windows, if the key has any, since its token
     /// limit counts input.
     ///
@@ -393,56 +393,6 @@ impl Profile {
         self.reset
     }
 
-    /// Writes one currency's rate-limit headers in the profile's names and form: `limit`,
-    /// `remaining`, and the time until the window is full again (`reset`, from `now`). A
-    /// proxy that holds a caller to windows of its own answers with them, so that the SDKs
-    /// and gates downstream pace themselves against the numbers that hold them.
-    ///
-    /// ```
-    /// use std::time::{Duration, UNIX_EPOCH};
-    /// use tollgate::Currency;
-    /// use tollgate::http::Profile;
-    ///
-    /// let mut headers = http::HeaderMap::new();
-    /// let now = UNIX_EPOCH + Duration::from_secs(1_764_806_400); // 2025-12-04T00:00:00Z
-    /// Profile::openai().write_rate_headers(&mut headers, Currency::Requests, 5, 3, Duration::from_millis(4_500), now);
-    /// assert_eq!(headers["x-ratelimit-limit-requests"], "5");
-    /// assert_eq!(headers["x-ratelimit-remaining-requests"], "3");
-    /// assert_eq!(headers["x-ratelimit-reset-requests"], "4.5s");
-    /// Profile::anthropic().write_rate_headers(&mut headers, Currency::Requests, 5, 3, Duration::from_secs(90), now);
-    /// assert_eq!(headers["anthropic-ratelimit-requests-reset"], "2025-12-04T00:01:30Z");
-    /// ```
-    pub fn write_rate_headers(
-        &self,
-        headers: &mut http::HeaderMap,
-        currency: Currency,
-        limit: u64,
-        remaining: u64,
-        reset: std::time::Duration,
-        now: std::time::SystemTime,
-    ) {
-        let Some(names) = self.headers.iter().find(|n| n.currency == currency) else {
-            return;
-        };
-        let reset = match self.reset {
-            ResetForm::Duration => crate::headers::write_go_duration(reset),
-            ResetForm::Rfc3339 => crate::headers::write_rfc3339(now + reset),
-            ResetForm::Seconds => format!("{}", reset.as_secs_f64().ceil() as u64),
-        };
-        for (name, value) in [
-            (&names.limit, limit.to_string()),
-            (&names.remaining, remaining.to_string()),
-            (&names.reset, reset),
-        ] {
-            if let (Ok(name), Ok(value)) = (
-                http::HeaderName::try_from(name.as_ref()),
-                http::HeaderValue::try_from(value),
-            ) {
-                headers.insert(name, value);
-            }
-        }
-    }
-
     /// The table of models the profile knows: their most output and prices.
     pub fn model_table(&self) -> &[Model] {
         &self.models
@@ -507,8 +457,8 @@ mod tests {
 
     use http::HeaderMap;
 
+    use super::super::headers::rate_headers;
     use super::*;
-    use crate::headers::rate_headers;
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
         let mut map = HeaderMap::new();

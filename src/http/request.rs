@@ -12,26 +12,7 @@ use serde_json::Value;
 
 use super::json;
 
-/// Why a request body can't be sent through the gate.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum BodyError {
-    /// A `content-encoding` the gate can't undo (it undoes `gzip`, `x-gzip`, `deflate`, `br`,
-    /// `zstd` and `identity`): it could not be metered. (A proxy answers 415.)
-    #[error(
-        "the request body's content-encoding `{0}` is not one the gate can read (gzip, deflate, br, zstd)"
-    )]
-    UnsupportedEncoding(String),
-    /// Decoded, the body would be larger than the gate takes. (A proxy answers 413.)
-    #[error("the request body decodes to more than {most} bytes")]
-    TooLarge {
-        /// The most the gate decodes.
-        most: usize,
-    },
-    /// The body does not decode as its `content-encoding` says. (A proxy answers 400.)
-    #[error("the request body is not valid {0}")]
-    Corrupt(String),
-}
+pub use crate::error::BodyError;
 
 /// A request body as the gate read it.
 #[derive(Debug)]

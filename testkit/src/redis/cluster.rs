@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::server::free_port;
+use super::port::free_port;
 
 pub struct Node {
     pub port: u16,

@@ -8,12 +8,14 @@
 //! so that the same tests run against a cluster.
 
 mod cluster;
+mod port;
 mod sentinel;
 mod server;
 
 pub use cluster::{Node, RedisCluster, cli, cli_batch};
+pub use port::free_port;
 pub use sentinel::{MASTER, Watched, wait_for};
-pub use server::{RedisServer, cluster_mode, free_port, resp, single_server_only};
+pub use server::{RedisServer, cluster_mode, resp, single_server_only};
 
 /// For examples: the URL to use, `given`, or that of a server of the example's own started
 /// now (and answering), kept alive by the returned guard.

@@ -5,7 +5,8 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::server::{RedisServer, free_port, resp, single_server_only};
+use super::port::free_port;
+use super::server::{RedisServer, resp, single_server_only};
 
 /// The name the sentinel watches the master under.
 pub const MASTER: &str = "tollgate-test";

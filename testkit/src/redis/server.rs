@@ -4,7 +4,9 @@
 //! `TOLLGATE_REQUIRE_REDIS` is set (as `.ci/run` sets it), where it fails instead.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
+
+use super::port::free_port;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -29,13 +31,6 @@ pub fn single_server_only(reason: &str) -> bool {
         eprintln!("SKIPPED in cluster mode: {reason}");
     }
     cluster_mode()
-}
-
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
 }
 
 fn installed() -> bool {

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::rates::go_duration;
+use super::headers::go_duration;
 
 /// The pause in a Google RPC error body: the `retryDelay` of its `google.rpc.RetryInfo`
 /// detail (`"37s"`, `"1.5s"`), clamped to [`MAX_RETRY_AFTER`](super::MAX_RETRY_AFTER). The
