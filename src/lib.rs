@@ -123,6 +123,38 @@
 //! [`store::Op`] at a time to a key; a [`Limiter`] is one key on a store with a
 //! [`WaitPolicy`]; the [`Registry`] maps keys to limiters for the whole process.
 //!
+//! # Glossary
+//!
+//! - **Key**: what a set of windows belongs to (`"openai:gpt-4o"`, a tenant, a budget); calls
+//!   that share a key share its windows.
+//! - **Currency**: what a window counts: requests, tokens, output tokens, or spend
+//!   (micro-dollars, for budgets like `"$50/d"`). A [`Cost`] has an amount in each.
+//! - **Window**: one rate of one currency, `N/P burst B`: it holds at most `B` and refills `N`
+//!   every `P`. A key has any number per currency; a call must fit every one.
+//! - **Burst**: a window's capacity, the most one call can cost in it.
+//! - **Level**: what a window holds now (negative: in debt, after a settlement charged more
+//!   than it held).
+//! - **Toll**: what a call pays before it goes out: its [`Cost`], in every currency at once.
+//! - **Permit**: the proof a call paid, which settles it later ([`Permit`]).
+//! - **Ticket**: a waiting call's place in its key's queue, with when it is due; it holds no
+//!   tokens until it passes.
+//! - **Queue** (the *line* of waiters in this process is the same queue, as one process sees
+//!   it): the tickets of a key, in arrival order.
+//! - **Hint**: the exact time until a refused call could pass.
+//! - **Pause**: a time a provider's 429 asked for, during which nothing on the key passes.
+//! - **Settle**: correct a call's charge to what it really used: a refund for an overestimate,
+//!   a charge (the *shortfall*) for an underestimate.
+//! - **Calls in flight**: the calls that went out through the HTTP gate and have not settled;
+//!   a key remembers what each was charged and what its windows held when it went out.
+//! - **Sync**: bring a key's windows in line with a provider's `remaining` count, read from the
+//!   answer to one call in flight.
+//! - **Spending elsewhere**: what others spend from the same provider quota, seen only in its
+//!   counts; the gate models its rate and charges it between syncs.
+//! - **Correction** (the *cover* in the code): what a sync or a 429 took off a key's windows to
+//!   reach the provider's count; a call that count already held settles its shortfall against
+//!   it instead of paying twice.
+//! - **Budget**: windows of the spend currency, kept in micro-dollars.
+//!
 //! # Features
 //!
 //! With `default-features = false` the core builds with tokio, serde, rand and tracing only,

@@ -42,7 +42,7 @@ pub struct Site {
 
 /// What one call resolved: its limiter, and where its estimator and timeout come from.
 #[derive(Debug)]
-pub struct Call<'a> {
+pub struct Resolved<'a> {
     site: &'a Site,
     limiter: Limiter,
     config: Option<&'static KeyConfig>,
@@ -103,13 +103,13 @@ impl Site {
 
     /// Resolves this call: its key's limiter (cached for a literal key), and its config entry
     /// when the limits come from the configuration.
-    pub fn resolve(&self, key: Option<&str>) -> Result<Call<'_>, Error> {
+    pub fn resolve(&self, key: Option<&str>) -> Result<Resolved<'_>, Error> {
         if let Some(limiter) = self.limiter.get() {
             let config = match self.reads_config() {
                 true => Some(self.key_config(limiter.key())?),
                 false => None,
             };
-            return Ok(Call {
+            return Ok(Resolved {
                 site: self,
                 limiter: limiter.clone(),
                 config,
@@ -135,7 +135,7 @@ impl Site {
             Some(_) => self.limiter.get_or_init(|| limiter).clone(),
             None => limiter,
         };
-        Ok(Call {
+        Ok(Resolved {
             site: self,
             limiter,
             config,
@@ -143,7 +143,7 @@ impl Site {
     }
 }
 
-impl Call<'_> {
+impl Resolved<'_> {
     /// True when the limits have token or output-token windows, so the arguments need
     /// counting.
     pub fn counts_tokens(&self) -> bool {
@@ -212,7 +212,7 @@ impl Call<'_> {
     }
 }
 
-impl Call<'_> {
+impl Resolved<'_> {
     /// Runs `tally` (the counting of the arguments, `text_len` bytes of text in all) off the
     /// async worker when it is long.
     pub fn count(

@@ -31,7 +31,7 @@ use tollgate::{Currency, Limiter, Limits};
 
 use crate::config::LimitsFrom;
 use crate::metrics::OTHER;
-use crate::state::{BUDGET, Shared, TENANT_PART, Upstreamed};
+use crate::state::{BUDGET, ReadyUpstream, Shared, TENANT_PART};
 use crate::tally::{Counts, unix_ms};
 
 /// The status page.
@@ -148,7 +148,12 @@ fn shown_url(url: &http::Uri) -> String {
 }
 
 /// The limiter holding a key's windows, if its limits are known.
-fn limiter_of(shared: &Shared, upstream: &Upstreamed, key: &str, tenant: bool) -> Option<Limiter> {
+fn limiter_of(
+    shared: &Shared,
+    upstream: &ReadyUpstream,
+    key: &str,
+    tenant: bool,
+) -> Option<Limiter> {
     let stored = shared.store_key(key);
     if tenant {
         let name = key.rsplit(TENANT_PART).next()?;

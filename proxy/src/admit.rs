@@ -13,9 +13,11 @@ use tokio::time::Instant;
 use tollgate::http::{Attempts, BodyError};
 use tollgate::{Attempt, Cost, Currency, Dollars, Error, Limiter, Limits, Rates, Snapshot};
 
-use crate::answer::Kind;
+use crate::answer::ErrorKind;
 use crate::config::{Family, UnknownModels};
-use crate::state::{BUDGET, BUFFER_UNIT, Shared, TENANT_PART, Upstreamed, model_entry, model_of};
+use crate::state::{
+    BUDGET, BUFFER_UNIT, ReadyUpstream, Shared, TENANT_PART, model_entry, model_of,
+};
 use crate::tenant::Tenant;
 
 /// How long a body may come at any rate before the minimum rate applies.
@@ -123,13 +125,13 @@ pub(crate) async fn read_body(
 
 /// Why a call was not admitted: the answer's kind, and what the client is told.
 pub(crate) struct Refusal {
-    pub(crate) kind: Kind,
+    pub(crate) kind: ErrorKind,
     pub(crate) message: String,
     pub(crate) retry_after: Option<Duration>,
 }
 
 impl Refusal {
-    fn new(kind: Kind, message: impl Into<String>) -> Refusal {
+    fn new(kind: ErrorKind, message: impl Into<String>) -> Refusal {
         Refusal {
             kind,
             message: message.into(),
@@ -162,7 +164,7 @@ pub(crate) async fn short_of(limiter: &Limiter, cost: Cost) -> Option<Currency> 
 /// that could not pay (see [`short_of`]), named in a 429 as the provider would name it.
 pub(crate) fn refusal(
     shared: &Shared,
-    upstream: &Upstreamed,
+    upstream: &ReadyUpstream,
     err: &Error,
     short: Option<Currency>,
 ) -> Refusal {
@@ -178,7 +180,7 @@ pub(crate) fn refusal(
                 )
             });
             Refusal {
-                kind: Kind::RateLimited(short),
+                kind: ErrorKind::RateLimited(short),
                 message: format!(
                     "tollgate-proxy: this call would wait past its deadline for its share of the rate limit{window}; retry after {:.1} s ({err})",
                     wait.as_secs_f64()
@@ -190,33 +192,36 @@ pub(crate) fn refusal(
             upstream.metrics.local_429s.increment(1);
             shared.live.local_429(key);
             Refusal {
-                kind: Kind::RateLimited(None),
+                kind: ErrorKind::RateLimited(None),
                 message: format!("tollgate-proxy: {err}"),
                 retry_after: Some(Duration::from_secs(1)),
             }
         }
-        Error::Unpriced { .. } => Refusal::new(Kind::Invalid, format!("tollgate-proxy: {err}")),
+        Error::Unpriced { .. } => {
+            Refusal::new(ErrorKind::Invalid, format!("tollgate-proxy: {err}"))
+        }
         Error::CostExceedsCapacity { .. } | Error::InvalidCost { .. } => Refusal::new(
-            Kind::Invalid,
+            ErrorKind::Invalid,
             format!("tollgate-proxy: this call can never pass: {err}"),
         ),
-        Error::Body(BodyError::UnsupportedEncoding(_)) => {
-            Refusal::new(Kind::UnsupportedEncoding, format!("tollgate-proxy: {err}"))
-        }
+        Error::Body(BodyError::UnsupportedEncoding(_)) => Refusal::new(
+            ErrorKind::UnsupportedEncoding,
+            format!("tollgate-proxy: {err}"),
+        ),
         Error::Body(BodyError::TooLarge { .. }) => {
             upstream.metrics.too_large.increment(1);
-            Refusal::new(Kind::TooLarge, format!("tollgate-proxy: {err}"))
+            Refusal::new(ErrorKind::TooLarge, format!("tollgate-proxy: {err}"))
         }
-        Error::Body(_) => Refusal::new(Kind::Invalid, format!("tollgate-proxy: {err}")),
+        Error::Body(_) => Refusal::new(ErrorKind::Invalid, format!("tollgate-proxy: {err}")),
         Error::Unavailable { .. } | Error::Store { .. } => {
             shared.proxy_metrics.store_errors.increment(1);
             tracing::warn!(upstream = %upstream.name, error = %err, "the store could not serve a call");
             Refusal::new(
-                Kind::Unavailable,
+                ErrorKind::Unavailable,
                 "tollgate-proxy: the rate-limit store can't be reached; nothing was sent",
             )
         }
-        _ => Refusal::new(Kind::Unavailable, format!("tollgate-proxy: {err}")),
+        _ => Refusal::new(ErrorKind::Unavailable, format!("tollgate-proxy: {err}")),
     }
 }
 
@@ -237,7 +242,7 @@ pub(crate) struct Prepared {
 /// with its key, its windows, and how it is named to the client.
 pub(crate) fn budgets(
     shared: &Shared,
-    upstream: &Upstreamed,
+    upstream: &ReadyUpstream,
     tenant: Option<&Tenant>,
 ) -> Vec<(String, Limits, String)> {
     let mut out = Vec::new();
@@ -299,7 +304,7 @@ fn human(wait: Duration) -> String {
 /// forward it.
 pub(crate) async fn prepare(
     shared: &Shared,
-    upstream: &Upstreamed,
+    upstream: &ReadyUpstream,
     tenant: Option<&Tenant>,
     parts: &http::request::Parts,
     body: &Bytes,
@@ -317,7 +322,7 @@ pub(crate) async fn prepare(
             && model_entry(&upstream.config, &upstream.profile, model).is_none()
         {
             return Err(Refusal::new(
-                Kind::Invalid,
+                ErrorKind::Invalid,
                 format!(
                     "tollgate-proxy: upstream `{}` does not serve the model `{}`",
                     upstream.name,
@@ -392,7 +397,7 @@ pub(crate) async fn prepare(
                     .and_then(|s| s.least(Currency::Spend))
                     .map_or(0, |l| u64::try_from(l.whole().max(0)).unwrap_or(0));
                 return Err(Refusal {
-                    kind: Kind::BudgetSpent,
+                    kind: ErrorKind::BudgetSpent,
                     message: format!(
                         "tollgate-proxy: {named} is spent: {} left, and this call may cost up to {priced}; enough refills in {}",
                         Dollars(left),
@@ -405,7 +410,7 @@ pub(crate) async fn prepare(
                 upstream.metrics.budget_refusals.increment(1);
                 shared.live.budget_refused(&key);
                 return Err(Refusal::new(
-                    Kind::BudgetSpent,
+                    ErrorKind::BudgetSpent,
                     format!(
                         "tollgate-proxy: this call may cost up to {priced}, more than {named} ever holds; lower max_tokens"
                     ),

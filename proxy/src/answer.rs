@@ -15,7 +15,7 @@ use crate::relay::Relay;
 
 /// What went wrong, in the words each provider uses for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
+pub(crate) enum ErrorKind {
     /// The call's wait for its toll would pass its deadline (429, worth retrying later), for
     /// want of this currency (`None`: every window could pay; a pause or the line held it).
     /// The answer names it as the provider would, since clients (a tollgate gate among them)
@@ -45,11 +45,11 @@ pub(crate) enum Kind {
     BudgetSpent,
 }
 
-impl Kind {
+impl ErrorKind {
     /// The status it is answered with, for `family`.
     pub(crate) fn status_for(self, family: Family) -> StatusCode {
         match (self, family) {
-            (Kind::BudgetSpent, Family::Anthropic) => StatusCode::BAD_REQUEST,
+            (ErrorKind::BudgetSpent, Family::Anthropic) => StatusCode::BAD_REQUEST,
             (kind, _) => kind.status(),
         }
     }
@@ -57,53 +57,54 @@ impl Kind {
     /// The status it is answered with.
     pub(crate) fn status(self) -> StatusCode {
         match self {
-            Kind::BudgetSpent => StatusCode::TOO_MANY_REQUESTS,
-            Kind::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
-            Kind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            Kind::Invalid => StatusCode::BAD_REQUEST,
-            Kind::Unauthorized => StatusCode::UNAUTHORIZED,
-            Kind::NotFound => StatusCode::NOT_FOUND,
-            Kind::SlowBody => StatusCode::REQUEST_TIMEOUT,
-            Kind::UnsupportedEncoding => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Kind::Upstream => StatusCode::BAD_GATEWAY,
-            Kind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-            Kind::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            ErrorKind::BudgetSpent => StatusCode::TOO_MANY_REQUESTS,
+            ErrorKind::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorKind::Invalid => StatusCode::BAD_REQUEST,
+            ErrorKind::Unauthorized => StatusCode::UNAUTHORIZED,
+            ErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ErrorKind::SlowBody => StatusCode::REQUEST_TIMEOUT,
+            ErrorKind::UnsupportedEncoding => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ErrorKind::Upstream => StatusCode::BAD_GATEWAY,
+            ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
         }
     }
 
     fn openai_type(self) -> (&'static str, &'static str) {
         match self {
-            Kind::RateLimited(Some(Currency::Requests)) => ("requests", "rate_limit_exceeded"),
-            Kind::RateLimited(Some(Currency::Tokens | Currency::OutputTokens)) => {
+            ErrorKind::RateLimited(Some(Currency::Requests)) => ("requests", "rate_limit_exceeded"),
+            ErrorKind::RateLimited(Some(Currency::Tokens | Currency::OutputTokens)) => {
                 ("tokens", "rate_limit_exceeded")
             }
-            Kind::RateLimited(None | Some(Currency::Spend)) => {
+            ErrorKind::RateLimited(None | Some(Currency::Spend)) => {
                 ("rate_limit_exceeded", "rate_limit_exceeded")
             }
-            Kind::TooLarge => ("invalid_request_error", "request_too_large"),
-            Kind::Invalid => ("invalid_request_error", "invalid_request"),
-            Kind::Unauthorized => ("invalid_request_error", "invalid_api_key"),
-            Kind::NotFound => ("invalid_request_error", "unknown_url"),
-            Kind::SlowBody => ("invalid_request_error", "request_timeout"),
-            Kind::UnsupportedEncoding => ("invalid_request_error", "unsupported_encoding"),
-            Kind::Upstream => ("server_error", "upstream_unreachable"),
-            Kind::Unavailable => ("server_error", "service_unavailable"),
-            Kind::UpstreamTimeout => ("server_error", "upstream_timeout"),
-            Kind::BudgetSpent => ("insufficient_quota", "insufficient_quota"),
+            ErrorKind::TooLarge => ("invalid_request_error", "request_too_large"),
+            ErrorKind::Invalid => ("invalid_request_error", "invalid_request"),
+            ErrorKind::Unauthorized => ("invalid_request_error", "invalid_api_key"),
+            ErrorKind::NotFound => ("invalid_request_error", "unknown_url"),
+            ErrorKind::SlowBody => ("invalid_request_error", "request_timeout"),
+            ErrorKind::UnsupportedEncoding => ("invalid_request_error", "unsupported_encoding"),
+            ErrorKind::Upstream => ("server_error", "upstream_unreachable"),
+            ErrorKind::Unavailable => ("server_error", "service_unavailable"),
+            ErrorKind::UpstreamTimeout => ("server_error", "upstream_timeout"),
+            ErrorKind::BudgetSpent => ("insufficient_quota", "insufficient_quota"),
         }
     }
 
     fn anthropic_type(self) -> &'static str {
         match self {
-            Kind::RateLimited(_) => "rate_limit_error",
-            Kind::TooLarge => "request_too_large",
-            Kind::Invalid | Kind::SlowBody | Kind::UnsupportedEncoding | Kind::BudgetSpent => {
-                "invalid_request_error"
-            }
-            Kind::Unauthorized => "authentication_error",
-            Kind::NotFound => "not_found_error",
-            Kind::Upstream | Kind::UpstreamTimeout => "api_error",
-            Kind::Unavailable => "overloaded_error",
+            ErrorKind::RateLimited(_) => "rate_limit_error",
+            ErrorKind::TooLarge => "request_too_large",
+            ErrorKind::Invalid
+            | ErrorKind::SlowBody
+            | ErrorKind::UnsupportedEncoding
+            | ErrorKind::BudgetSpent => "invalid_request_error",
+            ErrorKind::Unauthorized => "authentication_error",
+            ErrorKind::NotFound => "not_found_error",
+            ErrorKind::Upstream | ErrorKind::UpstreamTimeout => "api_error",
+            ErrorKind::Unavailable => "overloaded_error",
         }
     }
 }
@@ -123,7 +124,7 @@ pub(crate) fn window_words(family: Family, currency: Currency) -> &'static str {
 }
 
 /// The body of an error in `family`'s shape.
-pub(crate) fn body(family: Family, kind: Kind, message: &str) -> Bytes {
+pub(crate) fn body(family: Family, kind: ErrorKind, message: &str) -> Bytes {
     let value = match family {
         Family::Anthropic => json!({
             "type": "error",
@@ -142,7 +143,7 @@ pub(crate) fn body(family: Family, kind: Kind, message: &str) -> Bytes {
 /// `x-tollgate: local` says the proxy wrote it, not the provider.
 pub(crate) fn answer(
     family: Family,
-    kind: Kind,
+    kind: ErrorKind,
     message: &str,
     retry_after: Option<Duration>,
 ) -> Response<Relay> {
@@ -154,7 +155,7 @@ pub(crate) fn answer(
         HeaderValue::from_static("application/json"),
     );
     headers.insert("x-tollgate", HeaderValue::from_static("local"));
-    if let Kind::RateLimited(_) = kind {
+    if let ErrorKind::RateLimited(_) = kind {
         let wait = retry_after.unwrap_or(Duration::from_secs(1));
         let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
         headers.insert(http::header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
@@ -164,7 +165,7 @@ pub(crate) fn answer(
         );
         headers.insert("x-should-retry", HeaderValue::from_static("true"));
     }
-    if kind == Kind::BudgetSpent {
+    if kind == ErrorKind::BudgetSpent {
         // No SDK retry can help before the budget refills; the message says when it does.
         headers.insert("x-should-retry", HeaderValue::from_static("false"));
         if let Some(wait) = retry_after {
@@ -197,7 +198,7 @@ mod tests {
     fn a_local_429_tells_when_in_both_headers_rounded_up() {
         let response = answer(
             Family::OpenAi,
-            Kind::RateLimited(None),
+            ErrorKind::RateLimited(None),
             "wait",
             Some(Duration::from_millis(2_300)),
         );
@@ -209,7 +210,7 @@ mod tests {
         assert_eq!(h["x-tollgate"], "local");
         let tiny = answer(
             Family::Anthropic,
-            Kind::RateLimited(None),
+            ErrorKind::RateLimited(None),
             "wait",
             Some(Duration::from_micros(10)),
         );
@@ -220,24 +221,29 @@ mod tests {
     #[test]
     fn each_provider_reads_its_own_shape() {
         let openai: serde_json::Value =
-            serde_json::from_slice(&body(Family::OpenAi, Kind::RateLimited(None), "wait")).unwrap();
-        assert_eq!(openai["error"]["code"], "rate_limit_exceeded");
-        let anthropic: serde_json::Value =
-            serde_json::from_slice(&body(Family::Anthropic, Kind::RateLimited(None), "wait"))
+            serde_json::from_slice(&body(Family::OpenAi, ErrorKind::RateLimited(None), "wait"))
                 .unwrap();
+        assert_eq!(openai["error"]["code"], "rate_limit_exceeded");
+        let anthropic: serde_json::Value = serde_json::from_slice(&body(
+            Family::Anthropic,
+            ErrorKind::RateLimited(None),
+            "wait",
+        ))
+        .unwrap();
         assert_eq!(anthropic["error"]["type"], "rate_limit_error");
-        assert_eq!(Kind::SlowBody.status(), 408);
-        assert_eq!(Kind::UnsupportedEncoding.status(), 415);
-        assert_eq!(Kind::UpstreamTimeout.status(), 504);
+        assert_eq!(ErrorKind::SlowBody.status(), 408);
+        assert_eq!(ErrorKind::UnsupportedEncoding.status(), 415);
+        assert_eq!(ErrorKind::UpstreamTimeout.status(), 504);
     }
 
     #[test]
     fn errors_other_than_429_carry_no_retry_after() {
-        let response = answer(Family::Anthropic, Kind::TooLarge, "too big", None);
+        let response = answer(Family::Anthropic, ErrorKind::TooLarge, "too big", None);
         assert_eq!(response.status(), 413);
         assert!(!response.headers().contains_key("retry-after"));
         let value: serde_json::Value =
-            serde_json::from_slice(&body(Family::Anthropic, Kind::TooLarge, "too big")).unwrap();
+            serde_json::from_slice(&body(Family::Anthropic, ErrorKind::TooLarge, "too big"))
+                .unwrap();
         assert_eq!(
             value,
             json!({"type": "error", "error": {"type": "request_too_large", "message": "too big"}})

@@ -15,9 +15,9 @@ use tollgate::Error;
 use tollgate::http::{Attempts, Next, Profile, Settlement};
 
 use crate::admit::{Prepared, TenantView, refusal};
-use crate::answer::{Kind, answer};
+use crate::answer::{ErrorKind, answer};
 use crate::relay::{Gapped, Relay, Unread};
-use crate::state::{Shared, TENANT_PART, Upstreamed, key_of, model_entry};
+use crate::state::{ReadyUpstream, Shared, TENANT_PART, key_of, model_entry};
 use crate::tenant::{KEY_HEADERS, Tenant};
 
 /// The headers that belong to one connection, never forwarded (RFC 9110 §7.6.1).
@@ -53,7 +53,7 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// tenant header or secret, the real key in place of a virtual one.
 pub(crate) fn upstream_head(
     shared: &Shared,
-    upstream: &Upstreamed,
+    upstream: &ReadyUpstream,
     mut parts: http::request::Parts,
     path: &str,
 ) -> Option<http::request::Parts> {
@@ -92,14 +92,14 @@ fn relayed(head: http::response::Parts, body: Relay) -> Response<Relay> {
 }
 
 fn unreachable_upstream(
-    upstream: &Upstreamed,
+    upstream: &ReadyUpstream,
     err: &hyper_util::client::legacy::Error,
 ) -> Response<Relay> {
     upstream.metrics.upstream_errors.increment(1);
     tracing::warn!(upstream = %upstream.name, error = %err, "the upstream could not be reached");
     answer(
         upstream.family,
-        Kind::Upstream,
+        ErrorKind::Upstream,
         &format!(
             "tollgate-proxy: upstream `{}` could not be reached",
             upstream.name
@@ -108,12 +108,12 @@ fn unreachable_upstream(
     )
 }
 
-fn silent_upstream(upstream: &Upstreamed) -> Response<Relay> {
+fn silent_upstream(upstream: &ReadyUpstream) -> Response<Relay> {
     upstream.metrics.upstream_timeouts.increment(1);
     tracing::warn!(upstream = %upstream.name, "the upstream said nothing by the call's deadline");
     answer(
         upstream.family,
-        Kind::UpstreamTimeout,
+        ErrorKind::UpstreamTimeout,
         &format!(
             "tollgate-proxy: upstream `{}` did not answer by the call's deadline ({:?}); the call was sent and stays charged",
             upstream.name, upstream.config.timeout
@@ -125,7 +125,7 @@ fn silent_upstream(upstream: &Upstreamed) -> Response<Relay> {
 /// Sends an unmetered request (a free route, or a path passed on), bounded by the upstream's
 /// timeout for its head and its chunk timeout for its body.
 pub(crate) async fn unmetered(
-    upstream: &Upstreamed,
+    upstream: &ReadyUpstream,
     parts: http::request::Parts,
     body: Bytes,
     unread: &Unread,
@@ -231,7 +231,7 @@ struct Sending<'a> {
     client: http::request::Parts,
     path: String,
     /// The pool's members (empty: no pool) and those that failed this call.
-    members: Vec<Arc<Upstreamed>>,
+    members: Vec<Arc<ReadyUpstream>>,
     failed: Vec<String>,
 }
 
@@ -256,8 +256,8 @@ impl Sending<'_> {
     async fn admit(
         &mut self,
         attempts: &mut Attempts,
-        current: &Arc<Upstreamed>,
-    ) -> Result<(Arc<Upstreamed>, tollgate::http::Call), tollgate::Error> {
+        current: &Arc<ReadyUpstream>,
+    ) -> Result<(Arc<ReadyUpstream>, tollgate::http::Call), tollgate::Error> {
         if self.members.is_empty() {
             let key = attempts.estimated().key();
             self.shared
@@ -265,7 +265,7 @@ impl Sending<'_> {
                 .await;
             return Ok((Arc::clone(current), attempts.admit().await?));
         }
-        let mut candidates: Vec<Arc<Upstreamed>> = self
+        let mut candidates: Vec<Arc<ReadyUpstream>> = self
             .members
             .iter()
             .filter(|m| !self.failed.contains(&m.name))
@@ -280,7 +280,7 @@ impl Sending<'_> {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let count = candidates.len();
         candidates.rotate_left(start % count);
-        let mut best: Option<(Arc<Upstreamed>, Duration)> = None;
+        let mut best: Option<(Arc<ReadyUpstream>, Duration)> = None;
         let mut failure = None;
         for member in candidates {
             let key = key_of(
@@ -322,7 +322,7 @@ impl Sending<'_> {
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn metered(
     shared: &Shared,
-    upstream: Arc<Upstreamed>,
+    upstream: Arc<ReadyUpstream>,
     client: http::request::Parts,
     path: &str,
     body: Bytes,
@@ -438,7 +438,7 @@ pub(crate) async fn metered(
         else {
             return answer(
                 family,
-                Kind::Invalid,
+                ErrorKind::Invalid,
                 "tollgate-proxy: the path can't be forwarded",
                 None,
             );
@@ -573,7 +573,7 @@ pub(crate) async fn metered(
             _ => {
                 return answer(
                     family,
-                    Kind::Upstream,
+                    ErrorKind::Upstream,
                     "tollgate-proxy: an answer this version can't handle",
                     None,
                 );

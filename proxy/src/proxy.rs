@@ -13,7 +13,7 @@ use hyper::body::Incoming;
 use tollgate::Limits;
 
 use crate::admit::{BodyFail, content_length, prepare, read_body};
-use crate::answer::{Kind, answer};
+use crate::answer::{ErrorKind, answer};
 use crate::config::{Family, KeyPaths};
 use crate::forward::{metered, unmetered, upstream_head};
 use crate::metrics::ProxyMetrics;
@@ -139,25 +139,29 @@ async fn serve(
             let family = route::speaks(request.headers()).unwrap_or(Family::OpenAi);
             let response = answer(
                 family,
-                Kind::Invalid,
+                ErrorKind::Invalid,
                 "tollgate-proxy: this path is never forwarded (`..`, `//`, `;`, or a percent-encoding of anything but a letter, a digit or -._~)",
                 None,
             );
             return (response, None, "refused");
         }
         Err(NoRoute::Refused { hint, family }) => {
-            return (answer(family, Kind::NotFound, &hint, None), None, "refused");
+            return (
+                answer(family, ErrorKind::NotFound, &hint, None),
+                None,
+                "refused",
+            );
         }
     };
     let upstream = Arc::clone(&shared.upstreams[route.upstream]);
     let name = Some(upstream.name.clone());
     let family = upstream.family;
-    let local = |kind: Kind, message: &str| answer(family, kind, message, None);
+    let local = |kind: ErrorKind, message: &str| answer(family, kind, message, None);
     // Refused before a byte of the body is read, and before anything is charged.
     if content_length(request.headers()).is_some_and(|n| n > shared.max_body as u64) {
         upstream.metrics.too_large.increment(1);
         return (
-            local(Kind::TooLarge, &too_large(shared.max_body)),
+            local(ErrorKind::TooLarge, &too_large(shared.max_body)),
             name,
             route.name,
         );
@@ -166,7 +170,7 @@ async fn serve(
         Ok(tenant) => tenant,
         Err(refused) => {
             return (
-                local(Kind::Unauthorized, refused.message()),
+                local(ErrorKind::Unauthorized, refused.message()),
                 name,
                 route.name,
             );
@@ -174,14 +178,14 @@ async fn serve(
     };
     // A virtual key reaches the routes it is allowed: metered and free ones by default.
     if tenant.as_ref().is_some_and(|t| t.virtual_key)
-        && route.kind == route::Kind::Passed
+        && route.kind == route::RouteKind::Passed
         && shared.virtual_key_paths == KeyPaths::Metered
     {
         let message = format!(
             "tollgate-proxy: `{}` is not metered, and virtual keys reach only the metered routes (virtual_key_paths = \"any\" allows more)",
             request.uri().path()
         );
-        return (local(Kind::NotFound, &message), name, route.name);
+        return (local(ErrorKind::NotFound, &message), name, route.name);
     }
     let (parts, incoming) = request.into_parts();
     let (body, _held) = match read_body(shared, &parts.headers, incoming).await {
@@ -190,12 +194,12 @@ async fn serve(
             let (kind, message) = match fail {
                 BodyFail::TooLarge => {
                     upstream.metrics.too_large.increment(1);
-                    (Kind::TooLarge, too_large(shared.max_body))
+                    (ErrorKind::TooLarge, too_large(shared.max_body))
                 }
                 BodyFail::Slow => {
                     shared.proxy_metrics.slow_bodies.increment(1);
                     (
-                        Kind::SlowBody,
+                        ErrorKind::SlowBody,
                         format!(
                             "tollgate-proxy: the request body came too slowly (it must come within {:?}, at least {} bytes a second after 5 s)",
                             shared.bounds.body_timeout, shared.bounds.body_min_rate
@@ -205,17 +209,17 @@ async fn serve(
                 BodyFail::Busy => {
                     shared.proxy_metrics.busy.increment(1);
                     (
-                        Kind::Unavailable,
+                        ErrorKind::Unavailable,
                         "tollgate-proxy: too many request bodies are held at once; retry shortly"
                             .to_owned(),
                     )
                 }
                 BodyFail::Draining => (
-                    Kind::Unavailable,
+                    ErrorKind::Unavailable,
                     "tollgate-proxy: the proxy is shutting down; nothing was sent".to_owned(),
                 ),
                 BodyFail::Broken => (
-                    Kind::Invalid,
+                    ErrorKind::Invalid,
                     "tollgate-proxy: the request body could not be read".to_owned(),
                 ),
             };
@@ -225,20 +229,23 @@ async fn serve(
     let client = parts.clone();
     let Some(mut parts) = upstream_head(shared, &upstream, parts, &route.path) else {
         return (
-            local(Kind::Invalid, "tollgate-proxy: the path can't be forwarded"),
+            local(
+                ErrorKind::Invalid,
+                "tollgate-proxy: the path can't be forwarded",
+            ),
             name,
             route.name,
         );
     };
     let response = match route.kind {
-        route::Kind::Free | route::Kind::Passed => {
+        route::RouteKind::Free | route::RouteKind::Passed => {
             let unread = crate::relay::Unread {
                 timeout: shared.bounds.write_timeout,
                 counter: shared.proxy_metrics.unread_closed.clone(),
             };
             unmetered(&upstream, parts, body, &unread).await
         }
-        route::Kind::Metered => {
+        route::RouteKind::Metered => {
             // The usage can only be read from bytes as they were written.
             parts.headers.remove(header::ACCEPT_ENCODING);
             match prepare(shared, &upstream, tenant.as_ref(), &parts, &body).await {

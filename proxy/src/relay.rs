@@ -1,5 +1,5 @@
 //! The body the client reads: one the proxy wrote, or the upstream's, handed on as it comes.
-//! A metered one goes through the library's [`Metered`] body (usage read on the way, the call
+//! A metered one goes through the library's [`MeteredBody`] body (usage read on the way, the call
 //! settled at its end, generated text counted when no usage comes); every upstream body is cut
 //! when it goes silent longer than its upstream's `chunk_timeout`.
 
@@ -13,7 +13,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use metrics::Counter;
 use tokio::time::{Instant, Sleep};
-use tollgate::http::Metered;
+use tollgate::http::MeteredBody;
 
 /// An error of the body the client reads.
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -30,7 +30,7 @@ enum Inner {
     Full(Option<Bytes>),
     Plain(Watched<Gapped<Incoming>>),
     Metered {
-        body: Watched<Box<Metered<Gapped<Incoming>>>>,
+        body: Watched<Box<MeteredBody<Gapped<Incoming>>>>,
         /// A server-sent stream (for counting streams a client left).
         stream: bool,
         /// Streams the client left before their end.
@@ -59,7 +59,7 @@ impl Relay {
 
     /// The upstream's body, metered.
     pub(crate) fn metered(
-        body: Box<Metered<Gapped<Incoming>>>,
+        body: Box<MeteredBody<Gapped<Incoming>>>,
         stream: bool,
         left: Counter,
         unread: Unread,
@@ -295,7 +295,7 @@ impl<B: Send + 'static> Watched<B> {
     }
 }
 
-impl<B> Watched<Box<Metered<B>>> {
+impl<B> Watched<Box<MeteredBody<B>>> {
     /// The metered body's call is not settled yet.
     fn settling(&self) -> bool {
         self.watch

@@ -7,7 +7,7 @@ use crate::config::{Family, OtherPaths, Upstream};
 
 /// Whether a call pays its toll.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
+pub(crate) enum RouteKind {
     /// A call the profile meters: estimated, admitted, synced, settled.
     Metered,
     /// A call that spends nothing at the provider (Anthropic's `count_tokens`, model lists,
@@ -23,7 +23,7 @@ pub(crate) struct Route {
     /// The upstream's index in the configuration.
     pub(crate) upstream: usize,
     /// Metered, free or passed.
-    pub(crate) kind: Kind,
+    pub(crate) kind: RouteKind,
     /// The path (and query) to send to the upstream, appended to its base URL's path.
     pub(crate) path: String,
     /// A short name for metrics: `chat`, `responses`, `messages`, ... or `other`.
@@ -42,8 +42,8 @@ pub(crate) enum NoRoute {
 }
 
 /// The routes of a family, after the mount: metered, free, or neither; with their names.
-fn kind_of(family: Family, method: &http::Method, path: &str) -> Option<(Kind, &'static str)> {
-    use Kind::{Free, Metered};
+fn kind_of(family: Family, method: &http::Method, path: &str) -> Option<(RouteKind, &'static str)> {
+    use RouteKind::{Free, Metered};
     let post = method == http::Method::POST;
     let read = method == http::Method::GET;
     match family {
@@ -212,7 +212,7 @@ pub(crate) fn route(
             .enumerate()
             .filter(move |(_, u)| u.mount.len() == longest && under(path, &u.mount).is_some())
     };
-    let served = |wanted: Kind| {
+    let served = |wanted: RouteKind| {
         candidates().find_map(|(i, u)| {
             let rest = under(path, &u.mount).unwrap_or_default();
             match kind_of(u.family(), method, rest) {
@@ -221,14 +221,14 @@ pub(crate) fn route(
             }
         })
     };
-    let found = served(Kind::Metered).or_else(|| served(Kind::Free));
+    let found = served(RouteKind::Metered).or_else(|| served(RouteKind::Free));
     let (index, kind, name) = match (found, other) {
         (Some(found), _) => found,
         (None, OtherPaths::Pass) => {
             let (i, _) = candidates()
                 .next()
                 .ok_or_else(|| refused(hint(upstreams, headers, path)))?;
-            (i, Kind::Passed, "other")
+            (i, RouteKind::Passed, "other")
         }
         (None, OtherPaths::Refuse) => return Err(refused(hint(upstreams, headers, path))),
     };
@@ -384,14 +384,14 @@ mod tests {
         route(&upstreams(), other, &method, &HeaderMap::new(), path)
     }
 
-    fn to(path: &str) -> (usize, Kind, String) {
+    fn to(path: &str) -> (usize, RouteKind, String) {
         let route = route_with(OtherPaths::Refuse, Method::POST, path).unwrap();
         (route.upstream, route.kind, route.path)
     }
 
     #[test]
     fn each_family_meters_its_own_paths() {
-        use Kind::*;
+        use RouteKind::*;
         let s = String::from;
         assert_eq!(
             to("/v1/chat/completions"),
@@ -441,7 +441,7 @@ mod tests {
             let route = route_with(OtherPaths::Refuse, Method::POST, path).unwrap();
             assert_eq!(
                 (route.kind, route.path.as_str()),
-                (Kind::Metered, "/v1/chat/completions"),
+                (RouteKind::Metered, "/v1/chat/completions"),
                 "{path}"
             );
         }
@@ -469,7 +469,7 @@ mod tests {
             );
         }
         let passed = route_with(OtherPaths::Pass, Method::POST, "/v1/files").unwrap();
-        assert_eq!((passed.upstream, passed.kind), (0, Kind::Passed));
+        assert_eq!((passed.upstream, passed.kind), (0, RouteKind::Passed));
     }
 
     #[test]

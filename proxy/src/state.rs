@@ -36,7 +36,7 @@ const LEVEL_KEYS: usize = 1_024;
 pub(crate) const BUFFER_UNIT: usize = 1_024;
 
 /// An upstream, ready: its gate, its client, its meters.
-pub(crate) struct Upstreamed {
+pub(crate) struct ReadyUpstream {
     /// Its name.
     pub(crate) name: String,
     pub(crate) config: Upstream,
@@ -55,7 +55,7 @@ pub(crate) struct Upstreamed {
 
 /// Everything the requests share.
 pub(crate) struct Shared {
-    pub(crate) upstreams: Vec<Arc<Upstreamed>>,
+    pub(crate) upstreams: Vec<Arc<ReadyUpstream>>,
     pub(crate) routes: Vec<Upstream>,
     pub(crate) other: OtherPaths,
     pub(crate) max_body: usize,
@@ -491,7 +491,7 @@ impl Shared {
                 .authority()
                 .cloned()
                 .ok_or_else(|| what(&"the url has no host"))?;
-            upstreams.push(Arc::new(Upstreamed {
+            upstreams.push(Arc::new(ReadyUpstream {
                 name: u.name.clone(),
                 config: u.clone(),
                 family: u.family(),
@@ -681,7 +681,7 @@ impl Shared {
     }
 
     /// The upstream named `name`.
-    pub(crate) fn upstream_named(&self, name: &str) -> Option<&Arc<Upstreamed>> {
+    pub(crate) fn upstream_named(&self, name: &str) -> Option<&Arc<ReadyUpstream>> {
         self.upstreams.iter().find(|u| u.name == name)
     }
 
@@ -728,7 +728,7 @@ impl Shared {
     }
 }
 
-impl Upstreamed {
+impl ReadyUpstream {
     /// Remembers a key for its level in `/metrics`: model keys, and configured tenants' keys
     /// (a tenant the configuration doesn't name is never shown on its own). Kept by its
     /// logical name (without the `@limits` of a key whose limits changed at a reload).
@@ -744,7 +744,7 @@ impl Upstreamed {
         keys.insert(key.to_owned());
     }
 
-    /// The keys seen lately (see [`saw_key`](Upstreamed::saw_key)), for the live view.
+    /// The keys seen lately (see [`saw_key`](ReadyUpstream::saw_key)), for the live view.
     pub(crate) fn seen_keys(&self) -> Vec<String> {
         let keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
         keys.iter().cloned().collect()

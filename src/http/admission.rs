@@ -8,14 +8,14 @@ use std::time::Duration;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::call::Call;
-use super::gate::{Estimated, Gate, LimitsFrom};
-use super::keys::Keyed;
+use super::gate::{Estimated, Gate, LimitsSource};
+use super::keys::GateKey;
 use crate::Error;
 
 impl Gate {
     /// Finds the request's key and cost, and waits for its toll (or, on a key whose limits are
     /// still unknown, for its turn to go alone), within the gate's
-    /// [`timeout`](GateBuilder::timeout).
+    /// [`timeout`](super::GateBuilder::timeout).
     pub async fn admit(&self, parts: &http::request::Parts, body: &[u8]) -> Result<Call, Error> {
         self.admit_until(parts, body, self.deadline()).await
     }
@@ -41,7 +41,7 @@ impl Gate {
     ) -> Result<Call, Error> {
         let state = self.state(estimated.key.clone())?;
         let left = || deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
-        let learning = matches!(self.limits_of(&estimated.key), LimitsFrom::Headers(_));
+        let learning = matches!(self.limits_of(&estimated.key), LimitsSource::Headers(_));
         loop {
             // Limits from the headers, with a currency still unknown: its calls go one at a
             // time (the limiter holds only the currencies learned so far, and nothing would
@@ -82,7 +82,7 @@ impl Gate {
                             // margin back until it comes.
                             Err(_) => {
                                 if self.inner.foreign {
-                                    state.foreign.blind(&limiter).await?;
+                                    state.elsewhere.blind(&limiter).await?;
                                 }
                                 None
                             }
@@ -111,7 +111,7 @@ impl Gate {
     /// The key's turn to go alone, within `left`.
     async fn turn(
         &self,
-        state: &Keyed,
+        state: &GateKey,
         left: Option<Duration>,
     ) -> Result<OwnedSemaphorePermit, Error> {
         let turn = Arc::clone(&state.learning).acquire_owned();

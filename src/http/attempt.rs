@@ -9,7 +9,7 @@ use http::{HeaderMap, StatusCode};
 use http_body::Body;
 use tokio::time::Instant;
 
-use super::body::{Metered, is_event_stream, read_short};
+use super::body::{MeteredBody, is_event_stream, read_short};
 use super::call::{Call, SettledFn};
 use super::gate::{Estimated, Gate};
 use super::verdict::{PermanentRefusal, Verdict};
@@ -20,7 +20,7 @@ use crate::{Error, Permit};
 #[non_exhaustive]
 pub enum Next<B> {
     /// Hand the answer on, its body metered: the call settles when the body ends.
-    Deliver(Box<Metered<B>>),
+    Deliver(Box<MeteredBody<B>>),
     /// A transient 429: send the request again after this long (the call was counted; the
     /// key is paused for the provider's pause).
     Retry(Duration),
@@ -222,7 +222,9 @@ impl Attempts {
                 call.on_settled(told);
             }
             let stream = is_event_stream(headers) || call.is_stream();
-            return Ok(Next::Deliver(Box::new(Metered::new(body, call, stream))));
+            return Ok(Next::Deliver(Box::new(MeteredBody::new(
+                body, call, stream,
+            ))));
         }
         let error = read_short(body, self.deadline).await?;
         let verdict = call.respond(status, headers, Some(&error)).await;

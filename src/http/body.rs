@@ -30,7 +30,7 @@ type Settling = Pin<Box<dyn Future<Output = Option<Call>> + Send>>;
 /// event) settles with it, in a task of its own. One dropped before (the caller went away, or
 /// the upstream broke off) keeps what the call was charged, unless more was generated than
 /// its reservation held, which is then charged: never less than was generated.
-pub struct Metered<B> {
+pub struct MeteredBody<B> {
     inner: Pin<Box<B>>,
     scanner: Option<UsageScanner>,
     call: Option<Call>,
@@ -44,20 +44,20 @@ pub struct Metered<B> {
     ended: bool,
 }
 
-impl<B> fmt::Debug for Metered<B> {
+impl<B> fmt::Debug for MeteredBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Metered")
+        f.debug_struct("MeteredBody")
             .field("call", &self.call)
             .finish_non_exhaustive()
     }
 }
 
-impl<B> Metered<B> {
-    /// Meters `inner` for `call`; `stream` says it is a server-sent event stream.
-    pub fn new(inner: B, call: Call, stream: bool) -> Metered<B> {
+impl<B> MeteredBody<B> {
+    /// KeyMetrics `inner` for `call`; `stream` says it is a server-sent event stream.
+    pub fn new(inner: B, call: Call, stream: bool) -> MeteredBody<B> {
         let estimator = call.gate_estimator();
         let filter = (stream && call.usage_added()).then(UsageFilter::default);
-        Metered {
+        MeteredBody {
             inner: Box::pin(inner),
             scanner: Some(UsageScanner::counting(stream, estimator)),
             call: Some(call),
@@ -69,8 +69,8 @@ impl<B> Metered<B> {
     }
 
     /// A body with nothing to settle.
-    pub fn plain(inner: B) -> Metered<B> {
-        Metered {
+    pub fn plain(inner: B) -> MeteredBody<B> {
+        MeteredBody {
             inner: Box::pin(inner),
             scanner: None,
             call: None,
@@ -88,7 +88,7 @@ impl<B> Metered<B> {
     }
 }
 
-impl<B> Body for Metered<B>
+impl<B> Body for MeteredBody<B>
 where
     B: Body,
     B::Data: Into<Bytes>,
@@ -195,7 +195,7 @@ where
     }
 }
 
-impl<B> Metered<B> {
+impl<B> MeteredBody<B> {
     /// Settles the call for the last time (if it has one), then hands on `then` (a frame, or
     /// the end).
     fn settle_last<E>(
@@ -242,7 +242,7 @@ impl<B> Metered<B> {
     }
 }
 
-impl<B> Drop for Metered<B> {
+impl<B> Drop for MeteredBody<B> {
     fn drop(&mut self) {
         let (Some(call), Some(scanner)) = (self.call.take(), self.scanner.take()) else {
             return;

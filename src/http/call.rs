@@ -10,14 +10,15 @@ use http::{HeaderMap, StatusCode};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
-use super::foreign::start_charger;
-use super::gate::{Estimated, Gate, LimitsFrom};
+use super::elsewhere::start_charger;
+use super::gate::{Estimated, Gate, LimitsSource};
 use super::headers::{RateHeader, rate_headers, retry_pause};
-use super::keys::Keyed;
-use super::usage::{Reported, error_detail};
+use super::keys::GateKey;
+use super::usage::Reported;
 use super::verdict::Verdict;
+use super::verdict::{error_detail, spent};
 use crate::bucket::SyncArgs;
-use crate::{Cost, Currencies, Currency, Error, Limiter, Permit, Usage};
+use crate::{Cost, Currency, Error, Limiter, Permit, Usage};
 
 /// One request on its way: admitted, and waiting for its response.
 ///
@@ -26,7 +27,7 @@ use crate::{Cost, Currencies, Currency, Error, Limiter, Permit, Usage};
 /// out).
 pub struct Call {
     gate: Gate,
-    state: Arc<Keyed>,
+    state: Arc<GateKey>,
     permit: Option<Permit>,
     /// The key's turn to go alone (its first call, or one while its limits are unknown),
     /// shared with a task that hands it on if the answer is slow in coming.
@@ -104,69 +105,10 @@ impl Drop for Call {
     }
 }
 
-/// The spending a 429 says is used up: the currencies whose `remaining` can't pay what the
-/// call needed in them; when the headers say nothing of it, the currencies the error's body
-/// names; when nothing says, all of them.
-fn spent(
-    read: &[RateHeader],
-    cost: Cost,
-    configured: &crate::Limits,
-    body: Option<&[u8]>,
-) -> Currencies {
-    let counted: Vec<&RateHeader> = read
-        .iter()
-        .filter(|r| r.remaining.is_some() && !configured.of(r.currency).is_empty())
-        .collect();
-    let short: Currencies = counted
-        .iter()
-        .filter(|r| {
-            r.remaining
-                .is_some_and(|left| left < cost.of(r.currency).max(1))
-        })
-        .map(|r| r.currency)
-        .collect();
-    if !short.is_empty() {
-        return short;
-    }
-    let every = Currency::ALL
-        .into_iter()
-        .filter(|c| !configured.of(*c).is_empty())
-        .all(|c| counted.iter().any(|r| r.currency == c));
-    if every {
-        // Every window's count says it can pay: the refusal is about something else (a
-        // concurrency limit, a count taken a moment earlier). Pause, but empty nothing.
-        return Currencies::NONE;
-    }
-    let (_, message, kind) = body.map(error_detail).unwrap_or_default();
-    let message = message.unwrap_or_default().to_ascii_lowercase();
-    let kind = kind.unwrap_or_default().to_ascii_lowercase();
-    // OpenAI: `"type": "tokens"` and "... on tokens per min (TPM) ..."; Anthropic: "... your
-    // rate limit of 50,000 input tokens per minute" (or output tokens, or requests).
-    let output = message.contains("output tokens per");
-    let tokens = message.contains("input tokens per")
-        || ((kind == "tokens" || message.contains("tokens per min") || message.contains("(tpm)"))
-            && !output);
-    let requests =
-        kind == "requests" || message.contains("requests per min") || message.contains("(rpm)");
-    let named: Currencies = [
-        (requests, Currency::Requests),
-        (tokens, Currency::Tokens),
-        (output, Currency::OutputTokens),
-    ]
-    .into_iter()
-    .filter_map(|(said, currency)| said.then_some(currency))
-    .collect();
-    if named.is_empty() {
-        Currencies::ALL
-    } else {
-        named
-    }
-}
-
 impl Call {
     pub(super) fn new(
         gate: Gate,
-        state: Arc<Keyed>,
+        state: Arc<GateKey>,
         permit: Option<Permit>,
         learning: Option<OwnedSemaphorePermit>,
         estimated: &Estimated,
@@ -224,7 +166,7 @@ impl Call {
     }
 
     /// True when the gate asked the stream for its usage (`stream_options.include_usage`) on
-    /// the caller's behalf: [`Metered`](super::Metered) takes that extra chunk out of the
+    /// the caller's behalf: [`MeteredBody`](super::MeteredBody) takes that extra chunk out of the
     /// stream before the caller reads it.
     pub fn usage_added(&self) -> bool {
         self.usage_added
@@ -348,7 +290,7 @@ impl Call {
                 "a rate-limit header of the provider can't be read; this answer does not sync it",
             );
         }
-        if let LimitsFrom::Headers(period) = *self.gate.limits_of(&self.state.key)
+        if let LimitsSource::Headers(period) = *self.gate.limits_of(&self.state.key)
             && let Err(err) =
                 self.state
                     .learn(self.gate.registry(), period, &read, &self.gate.inner.spend)
@@ -494,25 +436,25 @@ impl Call {
             args.remaining[i] = Some(remaining);
             if model {
                 let capacity = configured.capacity().unwrap_or(0);
-                let (margin, if_above) = self.state.foreign.margin(header.currency, capacity);
+                let (margin, if_above) = self.state.elsewhere.margin(header.currency, capacity);
                 args.margin[i] = margin;
                 args.margin_if_above[i] = if_above;
             }
         }
         if model {
-            args.foreign = self.state.foreign.due();
-            args.returnable = self.state.foreign.returnable(sent);
+            args.foreign = self.state.elsewhere.due();
+            args.returnable = self.state.elsewhere.returnable(sent);
         }
         let nothing = args.remaining.iter().all(|(_, r)| r.is_none())
             && args.foreign == crate::rate::PerCurrency::default();
         if nothing && !(refused && args.flight > 0) {
-            self.state.foreign.restore(sent, args.returnable);
+            self.state.elsewhere.restore(sent, args.returnable);
             return Ok(());
         }
         let synced = match limiter.sync(args).await {
             Ok(synced) => synced,
             Err(err) => {
-                self.state.foreign.restore(sent, args.returnable);
+                self.state.elsewhere.restore(sent, args.returnable);
                 return Err(err);
             }
         };
@@ -522,7 +464,7 @@ impl Call {
         for currency in Currency::ALL {
             let i = currency;
             let compared = synced.spent[i].is_some();
-            self.state.foreign.settled(
+            self.state.elsewhere.settled(
                 currency,
                 sent,
                 args.returnable[i],
@@ -541,18 +483,18 @@ impl Call {
             // Spending elsewhere found beyond what was corrected (the least there can be, calls
             // close to this one left out): the margin holds.
             let found_more = synced.lowered[i] > args.margin[i];
-            let start = self
-                .state
-                .foreign
-                .sample(currency, spent, synced.since, found_more, most);
+            let start =
+                self.state
+                    .elsewhere
+                    .sample(currency, spent, synced.since, found_more, most);
             if start {
-                start_charger(Arc::downgrade(&self.state.foreign), limiter.clone());
+                start_charger(Arc::downgrade(&self.state.elsewhere), limiter.clone());
             }
             if currency == Currency::Tokens {
                 limiter
                     .meters()
                     .foreign_rate
-                    .set(self.state.foreign.rate_of(currency));
+                    .set(self.state.elsewhere.rate_of(currency));
             }
         }
         Ok(())

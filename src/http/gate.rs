@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde_json::Value;
 
-use super::keys::Keyed;
+use super::keys::GateKey;
 use super::profile::{OutputTo, Profile};
 use super::request;
 use crate::{Backoff, Cost, Currency, Error, Estimator, Limits, Registry};
@@ -21,7 +21,7 @@ pub type KeyFn = dyn Fn(&http::request::Parts, &Value) -> String + Send + Sync;
 
 /// Where a gate's keys get their limits.
 #[derive(Clone)]
-pub(super) enum LimitsFrom {
+pub(super) enum LimitsSource {
     /// Every key has these.
     Fixed(Limits),
     /// From the responses' `limit` headers, read as so many per `period`.
@@ -46,9 +46,9 @@ pub(super) struct Inner {
     estimator: Arc<dyn Estimator>,
     registry: Option<Arc<Registry>>,
     key: Arc<KeyFn>,
-    pub(super) limits: LimitsFrom,
+    pub(super) limits: LimitsSource,
     /// Keys with limits of their own (a model's).
-    pub(super) key_limits: HashMap<String, LimitsFrom>,
+    pub(super) key_limits: HashMap<String, LimitsSource>,
     /// A budget every key keeps beside the limits learned from headers.
     pub(super) spend: crate::Rates,
     pub(super) sync: bool,
@@ -59,7 +59,7 @@ pub(super) struct Inner {
     pub(super) first_answer: Option<Duration>,
     off_worker_above: usize,
     max_body: usize,
-    keys: Mutex<HashMap<String, Arc<Keyed>>>,
+    keys: Mutex<HashMap<String, Arc<GateKey>>>,
     /// A 429 came back from inside the layer once: warned.
     pub(super) warned_inside: std::sync::atomic::AtomicBool,
 }
@@ -117,8 +117,8 @@ pub struct GateBuilder {
     profile: Profile,
     registry: Option<Arc<Registry>>,
     key: Option<Arc<KeyFn>>,
-    limits: Option<LimitsFrom>,
-    key_limits: HashMap<String, LimitsFrom>,
+    limits: Option<LimitsSource>,
+    key_limits: HashMap<String, LimitsSource>,
     spend: crate::Rates,
     sync: bool,
     foreign: bool,
@@ -141,7 +141,7 @@ impl fmt::Debug for GateBuilder {
 impl GateBuilder {
     /// Every key gets these limits.
     pub fn limits(mut self, limits: Limits) -> GateBuilder {
-        self.limits = Some(LimitsFrom::Fixed(limits));
+        self.limits = Some(LimitsSource::Fixed(limits));
         self
     }
 
@@ -150,7 +150,7 @@ impl GateBuilder {
     /// first come, and again when the provider's limit changes. Until a key has a limit, its
     /// calls go one at a time. A limit of zero, or above a trillion, is not learned.
     pub fn limits_from_headers(mut self, period: Duration) -> GateBuilder {
-        self.limits = Some(LimitsFrom::Headers(period));
+        self.limits = Some(LimitsSource::Headers(period));
         self
     }
 
@@ -171,7 +171,7 @@ impl GateBuilder {
     /// ```
     pub fn key_limits(mut self, key: impl Into<String>, limits: Limits) -> GateBuilder {
         self.key_limits
-            .insert(key.into(), LimitsFrom::Fixed(limits));
+            .insert(key.into(), LimitsSource::Fixed(limits));
         self
     }
 
@@ -183,7 +183,7 @@ impl GateBuilder {
         period: Duration,
     ) -> GateBuilder {
         self.key_limits
-            .insert(key.into(), LimitsFrom::Headers(period));
+            .insert(key.into(), LimitsSource::Headers(period));
         self
     }
 
@@ -306,13 +306,13 @@ impl GateBuilder {
             key: format!("{} (http gate)", self.profile.name()),
         };
         let limits = self.limits.clone().ok_or_else(no_limits)?;
-        let with_spend = |limits: LimitsFrom| -> Result<LimitsFrom, Error> {
+        let with_spend = |limits: LimitsSource| -> Result<LimitsSource, Error> {
             match limits {
-                LimitsFrom::Fixed(limits) if limits.is_empty() && self.spend.is_empty() => {
+                LimitsSource::Fixed(limits) if limits.is_empty() && self.spend.is_empty() => {
                     Err(no_limits())
                 }
-                LimitsFrom::Fixed(limits) if !self.spend.is_empty() => {
-                    Ok(LimitsFrom::Fixed(limits.with_spend(self.spend.clone())))
+                LimitsSource::Fixed(limits) if !self.spend.is_empty() => {
+                    Ok(LimitsSource::Fixed(limits.with_spend(self.spend.clone())))
                 }
                 other => Ok(other),
             }
@@ -456,15 +456,15 @@ impl Gate {
     }
 
     /// Where `key` gets its limits: its own, or the gate's.
-    pub(super) fn limits_of(&self, key: &str) -> &LimitsFrom {
+    pub(super) fn limits_of(&self, key: &str) -> &LimitsSource {
         self.inner.key_limits.get(key).unwrap_or(&self.inner.limits)
     }
 
     /// The limits `key` is configured with (`None`: they come from its responses' headers).
     pub fn configured_limits(&self, key: &str) -> Option<&Limits> {
         match self.limits_of(key) {
-            LimitsFrom::Fixed(limits) => Some(limits),
-            LimitsFrom::Headers(_) => None,
+            LimitsSource::Fixed(limits) => Some(limits),
+            LimitsSource::Headers(_) => None,
         }
     }
 
@@ -476,7 +476,7 @@ impl Gate {
         self.inner.registry.as_deref().unwrap_or(Registry::global())
     }
 
-    pub(super) fn state(&self, key: String) -> Result<Arc<Keyed>, Error> {
+    pub(super) fn state(&self, key: String) -> Result<Arc<GateKey>, Error> {
         let mut keys = self
             .inner
             .keys
@@ -492,10 +492,10 @@ impl Gate {
             keys.retain(|_, state| Arc::strong_count(state) > 1);
         }
         let limiter = match self.limits_of(&key) {
-            LimitsFrom::Fixed(limits) => Some(self.registry().limiter(&key, limits)?),
-            LimitsFrom::Headers(_) => None,
+            LimitsSource::Fixed(limits) => Some(self.registry().limiter(&key, limits)?),
+            LimitsSource::Headers(_) => None,
         };
-        let state = Arc::new(Keyed::new(key.clone(), limiter));
+        let state = Arc::new(GateKey::new(key.clone(), limiter));
         keys.insert(key, Arc::clone(&state));
         Ok(state)
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::Semaphore;
 
-use super::foreign::Foreign;
+use super::elsewhere::Elsewhere;
 use super::headers::RateHeader;
 use crate::{Currency, Error, Limiter, Limits, PerCurrency, Rate, Rates, Registry};
 
@@ -17,7 +17,7 @@ use crate::{Currency, Error, Limiter, Limits, PerCurrency, Rate, Rates, Registry
 pub(super) const MOST_LEARNED: u64 = 1_000_000_000_000;
 
 /// One key's state.
-pub(super) struct Keyed {
+pub(super) struct GateKey {
     pub(super) key: String,
     /// Set at once for fixed limits; learned (and learned again) from the headers otherwise.
     limiter: RwLock<Option<Limiter>>,
@@ -34,12 +34,12 @@ pub(super) struct Keyed {
     pub(super) warned_malformed: AtomicBool,
     /// A usage no request could have produced was reported once (and warned of).
     pub(super) warned_clamped: AtomicBool,
-    pub(super) foreign: Arc<Foreign>,
+    pub(super) elsewhere: Arc<Elsewhere>,
 }
 
-impl Keyed {
-    pub(super) fn new(key: String, limiter: Option<Limiter>) -> Keyed {
-        Keyed {
+impl GateKey {
+    pub(super) fn new(key: String, limiter: Option<Limiter>) -> GateKey {
+        GateKey {
             key,
             limiter: RwLock::new(limiter),
             learned: Mutex::new(PerCurrency::splat(None)),
@@ -48,7 +48,7 @@ impl Keyed {
             warned_limit: AtomicBool::new(false),
             warned_malformed: AtomicBool::new(false),
             warned_clamped: AtomicBool::new(false),
-            foreign: Arc::new(Foreign::default()),
+            elsewhere: Arc::new(Elsewhere::default()),
         }
     }
 

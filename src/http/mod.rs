@@ -105,7 +105,7 @@ mod admission;
 mod attempt;
 mod body;
 mod call;
-mod foreign;
+mod elsewhere;
 mod gate;
 mod headers;
 mod json;
@@ -118,7 +118,7 @@ mod usage;
 mod verdict;
 
 pub use attempt::{Attempts, Next};
-pub use body::Metered;
+pub use body::MeteredBody;
 pub use call::{Call, SettledFn, Settlement};
 pub use gate::{Estimated, Gate, GateBuilder, KeyFn};
 pub use headers::{RateHeader, go_duration, rate_headers, retry_pause};

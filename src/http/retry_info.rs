@@ -7,7 +7,7 @@ use serde_json::Value;
 use super::headers::go_duration;
 
 /// The pause in a Google RPC error body: the `retryDelay` of its `google.rpc.RetryInfo`
-/// detail (`"37s"`, `"1.5s"`), clamped to [`MAX_RETRY_AFTER`](super::MAX_RETRY_AFTER). The
+/// detail (`"37s"`, `"1.5s"`), clamped to [`MAX_RETRY_AFTER`](crate::MAX_RETRY_AFTER). The
 /// error may sit at the top (`{"error": {...}}`) or in a list of one, as Gemini's
 /// OpenAI-compatible endpoint sends it. `None` for any other body, or a delay that can't be
 /// read.

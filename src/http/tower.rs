@@ -11,7 +11,7 @@ use http::{Request, Response};
 use http_body::Body;
 
 use super::attempt::{Attempts, Next};
-use super::body::Metered;
+use super::body::MeteredBody;
 use super::gate::Gate;
 
 /// An error of any kind, boxed: tollgate's own, [`PermanentRefusal`](super::PermanentRefusal), or the inner service's.
@@ -159,7 +159,7 @@ where
     RB::Data: Into<Bytes>,
     RB::Error: Into<BoxError>,
 {
-    type Response = Response<Metered<EitherBody<RB>>>;
+    type Response = Response<MeteredBody<EitherBody<RB>>>;
     type Error = BoxError;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
 
@@ -215,7 +215,7 @@ where
                         ..
                     } => return Err(err.into()),
                     Next::HandOn { body, .. } => {
-                        let body = Metered::plain(EitherBody::Read(Some(body)));
+                        let body = MeteredBody::plain(EitherBody::Read(Some(body)));
                         return Ok(Response::from_parts(head, body));
                     }
                     Next::Refused { refusal, .. } => return Err(refusal.into()),

@@ -554,26 +554,6 @@ fn last_usage_object(tail: &[u8]) -> Option<Value> {
     None
 }
 
-/// The `error.code` (else `error.type`), the `error.message`, and the `error.type` of an error
-/// body.
-pub(crate) fn error_detail(body: &[u8]) -> (Option<String>, Option<String>, Option<String>) {
-    let Ok(value) = serde_json::from_slice::<Value>(body) else {
-        return (None, None, None);
-    };
-    let Some(error) = value.get("error") else {
-        return (None, None, None);
-    };
-    let text = |name: &str| error.get(name).and_then(Value::as_str).map(str::to_owned);
-    let kind = text("type");
-    let code = text("code").or_else(|| kind.clone());
-    // A provider's message is shown to people: bounded, one line.
-    let message = text("message").map(|m| {
-        let line: String = m.chars().filter(|c| !c.is_control()).take(500).collect();
-        line
-    });
-    (code, message, kind)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -724,24 +704,5 @@ event: message_delta\r\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_to
             &[b"data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":9,\"output_tokens\":1}}}\n\n"],
         );
         assert_eq!((start_only.input, start_only.output), (Some(9), None));
-    }
-
-    #[test]
-    fn error_codes_come_from_code_or_type() {
-        let code = |body: &[u8]| error_detail(body).0;
-        assert_eq!(
-            code(br#"{"error":{"code":"insufficient_quota","type":"insufficient_quota"}}"#)
-                .as_deref(),
-            Some("insufficient_quota")
-        );
-        assert_eq!(
-            code(br#"{"type":"error","error":{"type":"rate_limit_error"}}"#).as_deref(),
-            Some("rate_limit_error")
-        );
-        assert_eq!(code(b"<html>"), None);
-        let (_, message, _) = error_detail(
-            br#"{"error":{"code":"insufficient_quota","message":"You exceeded your current quota."}}"#,
-        );
-        assert_eq!(message.as_deref(), Some("You exceeded your current quota."));
     }
 }

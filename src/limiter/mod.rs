@@ -64,7 +64,7 @@ struct Inner<S: Store> {
     /// Calls holding a ticket on this limiter.
     waiters: AtomicUsize,
     /// Metric handles, registered once at first use (so increments never allocate).
-    meters: OnceLock<Meters>,
+    meters: OnceLock<KeyMetrics>,
     /// For stores that can fail: how waiters learn of a failure together.
     health: OnceLock<health::Health>,
     /// Waiters behind calls of this limiter that have yet to pass.
@@ -91,7 +91,7 @@ struct Cover {
 /// The metrics of one key, through the `metrics` facade. Without an installed recorder these
 /// are no-ops; install the recorder before the first limited call, since a limiter registers
 /// its handles once.
-pub(crate) struct Meters {
+pub(crate) struct KeyMetrics {
     admitted: metrics::Counter,
     tokens: metrics::Counter,
     waited: metrics::Histogram,
@@ -123,11 +123,11 @@ pub(crate) struct Meters {
     pub(crate) foreign_rate: metrics::Gauge,
 }
 
-impl Meters {
-    fn new(key: &str) -> Meters {
+impl KeyMetrics {
+    fn new(key: &str) -> KeyMetrics {
         let key = key.to_owned();
         let with_key = |name: &'static str| metrics::counter!(name, "key" => key.clone());
-        Meters {
+        KeyMetrics {
             admitted: with_key("tollgate_calls_admitted_total"),
             tokens: with_key("tollgate_tokens_charged_total"),
             waited: metrics::histogram!("tollgate_wait_seconds", "key" => key.clone()),
@@ -338,18 +338,20 @@ impl<S: Store> Limiter<S> {
         self.inner.line.replan();
     }
 
-    pub(crate) fn meters(&self) -> &Meters {
+    pub(crate) fn meters(&self) -> &KeyMetrics {
         self.inner
             .meters
-            .get_or_init(|| Meters::new(self.inner.label.as_deref().unwrap_or(&self.inner.key)))
+            .get_or_init(|| KeyMetrics::new(self.inner.label.as_deref().unwrap_or(&self.inner.key)))
     }
 
-    /// What a provider's 429 means for this key: empties its windows and admits nothing on it
-    /// for `retry_after`, for every waiter (and, on a shared store, every process). A longer
-    /// pause already in force wins. See [`parse_retry_after`](crate::parse_retry_after) for the
-    /// header.
+    /// What a provider's 429 means for this key: empties its windows (every currency a
+    /// provider counts; a spend budget is counted here alone, and a refusal spends none of it)
+    /// and admits nothing on it for `retry_after`, for every waiter (and, on a shared store,
+    /// every process). A longer pause already in force wins. See
+    /// [`parse_retry_after`](crate::parse_retry_after) for the header.
     pub async fn penalize(&self, retry_after: Duration) -> Result<(), Error> {
-        self.penalize_spent(retry_after, Currencies::ALL).await
+        self.penalize_spent(retry_after, Currencies::ALL.without(Currency::Spend))
+            .await
     }
 
     /// Like [`penalize`](Limiter::penalize), but empties only the windows of the `spent`

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use http_body_util::{BodyExt, Full};
 use serde_json::json;
-use tollgate::http::{Gate, Metered, Profile, Reported, Verdict};
+use tollgate::http::{Gate, MeteredBody, Profile, Reported, Verdict};
 use tollgate::{Currency, Error, Limits, MemoryStore, Registry};
 
 fn parts() -> http::request::Parts {
@@ -293,7 +293,7 @@ async fn a_json_body_dropped_once_read_still_settles() {
     let estimate = call.cost().unwrap().tokens;
     call.respond(StatusCode::OK, &HeaderMap::new(), None).await;
     let answer = r#"{"usage":{"prompt_tokens":9,"completion_tokens":3}}"#;
-    let mut metered = Metered::new(Full::new(Bytes::from(answer)), call, false);
+    let mut metered = MeteredBody::new(Full::new(Bytes::from(answer)), call, false);
     // One frame, all of it; the end is never polled.
     let frame = metered.frame().await.unwrap().unwrap();
     assert_eq!(frame.into_data().unwrap(), answer.as_bytes());

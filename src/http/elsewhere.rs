@@ -89,9 +89,9 @@ struct Model {
     blind: bool,
 }
 
-/// One key's model of foreign spending.
+/// One key's model of elsewhere spending.
 #[derive(Debug, Default)]
-pub(super) struct Foreign {
+pub(super) struct Elsewhere {
     model: Mutex<Model>,
 }
 
@@ -113,7 +113,7 @@ impl Model {
     }
 }
 
-impl Foreign {
+impl Elsewhere {
     fn model(&self) -> std::sync::MutexGuard<'_, Model> {
         self.model.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -157,7 +157,7 @@ impl Foreign {
     }
 
     /// What of the model's charges a sync of a call sent at `sent` may give back: those made
-    /// before it went out, taken off the books until [`settled`](Foreign::settled) says what
+    /// before it went out, taken off the books until [`settled`](Elsewhere::settled) says what
     /// the sync did with them.
     pub(super) fn returnable(&self, sent: Instant) -> PerCurrency<u64> {
         let mut model = self.model();
@@ -342,9 +342,9 @@ fn median_slope(samples: &VecDeque<(Instant, f64)>) -> Option<f64> {
     Some(*median)
 }
 
-/// Charges `foreign` on `limiter` every tick while it estimates a rate, until the key's state
+/// Charges the `model` of spending elsewhere on `limiter` every tick while it estimates a rate, until the key's state
 /// is dropped.
-pub(super) fn start_charger(foreign: Weak<Foreign>, limiter: Limiter) {
+pub(super) fn start_charger(model: Weak<Elsewhere>, limiter: Limiter) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
@@ -358,14 +358,14 @@ pub(super) fn start_charger(foreign: Weak<Foreign>, limiter: Limiter) {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let Some(foreign) = foreign.upgrade() else {
+            let Some(elsewhere) = model.upgrade() else {
                 return;
             };
-            if !foreign.live(every) {
+            if !elsewhere.live(every) {
                 return;
             }
-            if let Err(err) = foreign.charge(&limiter).await {
-                tracing::debug!(%err, "could not charge foreign spending");
+            if let Err(err) = elsewhere.charge(&limiter).await {
+                tracing::debug!(%err, "could not charge the spending elsewhere");
             }
         }
     });
@@ -379,12 +379,12 @@ mod tests {
     /// (each call out for 3 s): the fit comes within 5% of it, and decays once syncs stop.
     #[tokio::test(start_paused = true)]
     async fn the_rate_follows_a_steady_neighbour_and_decays_without_syncs() {
-        let foreign = Foreign::default();
+        let elsewhere = Elsewhere::default();
         for step in 1..=100u64 {
             tokio::time::advance(Duration::from_millis(100)).await;
             // The call answered now went out 3 s ago, when 600/s had been spent for that long.
             let went_out = (step * 100).saturating_sub(3_000) as f64 / 1_000.0;
-            foreign.sample(
+            elsewhere.sample(
                 Currency::Tokens,
                 (600.0 * went_out) as i64,
                 Duration::from_secs(3),
@@ -392,26 +392,26 @@ mod tests {
                 2_000.0,
             );
         }
-        let rate = foreign.rate_of(Currency::Tokens);
+        let rate = elsewhere.rate_of(Currency::Tokens);
         assert!((570.0..=630.0).contains(&rate), "{rate}");
         // An answer to an older call says nothing new.
-        foreign.sample(Currency::Tokens, 0, Duration::from_secs(9), false, 2_000.0);
-        assert_eq!(foreign.rate_of(Currency::Tokens), rate);
+        elsewhere.sample(Currency::Tokens, 0, Duration::from_secs(9), false, 2_000.0);
+        assert_eq!(elsewhere.rate_of(Currency::Tokens), rate);
         // No syncs for a while: it halves every second.
         tokio::time::advance(Duration::from_secs(2)).await;
         for _ in 0..20 {
-            assert!(foreign.live(TICK));
+            assert!(elsewhere.live(TICK));
         }
-        assert!(foreign.rate_of(Currency::Tokens) < rate * 0.6);
+        assert!(elsewhere.rate_of(Currency::Tokens) < rate * 0.6);
     }
 
     #[tokio::test(start_paused = true)]
     async fn no_estimate_passes_a_share_of_the_refill_and_noise_is_no_neighbour() {
-        let foreign = Foreign::default();
+        let elsewhere = Elsewhere::default();
         for step in 1..=30i64 {
             tokio::time::advance(Duration::from_millis(100)).await;
             // Absurd totals: far above what any neighbour could spend.
-            foreign.sample(
+            elsewhere.sample(
                 Currency::Tokens,
                 step * 1_000_000,
                 Duration::ZERO,
@@ -419,9 +419,9 @@ mod tests {
                 2_000.0,
             );
         }
-        assert_eq!(foreign.rate_of(Currency::Tokens), 2_000.0 * MOST_SHARE);
+        assert_eq!(elsewhere.rate_of(Currency::Tokens), 2_000.0 * MOST_SHARE);
         // Totals that wobble by a few tokens around a constant: no rate at all.
-        let quiet = Foreign::default();
+        let quiet = Elsewhere::default();
         for step in 1..=50i64 {
             tokio::time::advance(Duration::from_millis(100)).await;
             quiet.sample(
