@@ -14,7 +14,7 @@ use super::headers::go_duration;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate::headers::retry_info_delay;
+/// use tollgate::http::retry_info_delay;
 ///
 /// let body = br#"{"error": {"code": 429, "status": "RESOURCE_EXHAUSTED",
 ///   "details": [{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "37s"}]}}"#;
