@@ -12,7 +12,7 @@ use http_body_util::Full;
 use std::time::Duration;
 use tokio::time::Instant;
 use tollgate::Error;
-use tollgate::http::{Attempts, Next, Profile, Settlement};
+use tollgate::http::{Attempts, Next, Profile, Settlement, Verdict};
 
 use crate::admit::{Prepared, TenantView, refusal};
 use crate::answer::{ErrorKind, answer};
@@ -491,6 +491,41 @@ pub(crate) async fn metered(
             line.upstream = upstream.name.clone();
             line.key = key.clone();
         }
+        // A call of a pool with another member to try, in time: a 429 (transient, past the
+        // deadline, or a spent quota: that member's) or a 5xx before the answer's first byte
+        // moves it there. This member's key keeps the attempt's charge (and a 429's pause); the
+        // tenant's windows and the budgets go with the call, to settle with the usage of the
+        // member that serves it.
+        let another = sending.members.len() > sending.failed.len() + 1
+            && deadline.is_none_or(|d| Instant::now() < d);
+        let refused = head.status == http::StatusCode::TOO_MANY_REQUESTS;
+        if another && (refused || head.status.is_server_error()) {
+            let error = if refused {
+                Some(short_body(incoming, deadline).await)
+            } else {
+                None
+            };
+            match call
+                .respond(head.status, &head.headers, error.as_deref())
+                .await
+            {
+                Verdict::Permanent { .. } => upstream.metrics.upstream_429s_permanent.increment(1),
+                Verdict::Transient { pause } => {
+                    upstream.metrics.upstream_429s_transient.increment(1);
+                    if let Some(pause) = pause {
+                        shared.live.paused(&key, pause);
+                    }
+                }
+                _ => {}
+            }
+            if refused {
+                shared.live.upstream_429(&key);
+            }
+            upstream.metrics.moved.increment(1);
+            sending.failed.push(upstream.name.clone());
+            drop(call);
+            continue;
+        }
         let gapped = Gapped::new(
             incoming,
             upstream.config.chunk_timeout,
@@ -517,18 +552,6 @@ pub(crate) async fn metered(
         };
         match next {
             Next::Deliver(metered) => {
-                let in_time = deadline.is_none_or(|d| Instant::now() < d);
-                if head.status.is_server_error()
-                    && sending.members.len() > sending.failed.len() + 1
-                    && in_time
-                {
-                    // A 5xx before the first byte of an answer: another member serves it. This
-                    // one keeps the call's charge (the metered body, dropped, settles it).
-                    upstream.metrics.moved.increment(1);
-                    sending.failed.push(upstream.name.clone());
-                    drop(metered);
-                    continue;
-                }
                 let total = started.elapsed();
                 let waited = line.lock().unwrap_or_else(PoisonError::into_inner).wait_ms / 1e3;
                 let added = total.as_secs_f64() - waited - upstream_time.as_secs_f64();
@@ -579,6 +602,19 @@ pub(crate) async fn metered(
                 );
             }
         }
+    }
+}
+
+/// The start of an error body (a 429's, for its code), read by the call's deadline and within
+/// 2 s, at most 64 KiB: what came by then.
+async fn short_body(body: hyper::body::Incoming, deadline: Option<Instant>) -> Bytes {
+    use http_body_util::BodyExt;
+    let until = Instant::now() + Duration::from_secs(2);
+    let until = deadline.map_or(until, |d| d.min(until));
+    let read = http_body_util::Limited::new(body, 64 << 10).collect();
+    match tokio::time::timeout_at(until, read).await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        _ => Bytes::new(),
     }
 }
 

@@ -140,6 +140,46 @@ def messages_permanent():
         out(error(err))
 
 
+def until_refused(count, create, sdk):
+    """Up to COUNT calls, two retries allowed each, stopping at the first error: each call's
+    usage, then the error as the SDK raised it."""
+    calls = []
+    for _ in range(int(count)):
+        try:
+            calls.append(create())
+        except sdk.APIStatusError as err:
+            refused = error(err)
+            refused["rate_limit"] = isinstance(err, sdk.RateLimitError)
+            refused["should_retry"] = err.response.headers.get("x-should-retry")
+            calls.append(refused)
+            break
+    out(calls)
+
+
+def budget(count):
+    client = openai.OpenAI(max_retries=2)
+
+    def create():
+        completion = client.chat.completions.create(
+            model="gpt-4o", max_tokens=30, messages=[{"role": "user", "content": PROMPT}]
+        )
+        return {"input": completion.usage.prompt_tokens, "output": completion.usage.completion_tokens}
+
+    until_refused(count, create, openai)
+
+
+def messages_budget(count):
+    client = anthropic.Anthropic(max_retries=2)
+
+    def create():
+        message = client.messages.create(
+            model="claude-sonnet-4-5", max_tokens=30, messages=[{"role": "user", "content": PROMPT}]
+        )
+        return {"input": message.usage.input_tokens, "output": message.usage.output_tokens}
+
+    until_refused(count, create, anthropic)
+
+
 async def burst_async(path):
     with open(path) as f:
         bodies = json.load(f)
@@ -168,6 +208,8 @@ CASES = {
     "messages": messages,
     "messages-stream": messages_stream,
     "messages-permanent": messages_permanent,
+    "budget": budget,
+    "messages-budget": messages_budget,
     "burst": lambda path: asyncio.run(burst_async(path)),
 }
 

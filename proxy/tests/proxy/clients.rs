@@ -22,18 +22,18 @@ use crate::common::*;
 pub static SDK_RUNS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Where the SDKs are.
-struct Clients {
+pub(crate) struct Clients {
     dir: PathBuf,
 }
 
 #[derive(Clone, Copy)]
-enum Sdk {
+pub(crate) enum Sdk {
     Python,
     Node,
 }
 
 /// The SDKs, or `None` (with a message) when they are not installed and not required.
-fn clients(test: &str) -> Option<Clients> {
+pub(crate) fn clients(test: &str) -> Option<Clients> {
     let required = std::env::var("TOLLGATE_REQUIRE_CLIENTS").is_ok_and(|v| v == "1");
     let dir = std::env::var_os("TOLLGATE_PROXY_CLIENTS").map(PathBuf::from);
     match dir {
@@ -84,7 +84,7 @@ const UNWANTED: [&str; 12] = [
 
 impl Clients {
     /// Runs one case with the SDK pointed at `proxy`, and reads the JSON it printed last.
-    async fn run(&self, sdk: Sdk, proxy: std::net::SocketAddr, case: &[&str]) -> Value {
+    pub(crate) async fn run(&self, sdk: Sdk, proxy: std::net::SocketAddr, case: &[&str]) -> Value {
         let mut command = match sdk {
             Sdk::Python => {
                 let venv = self.dir.join("python/bin/python");

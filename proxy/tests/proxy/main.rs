@@ -9,6 +9,7 @@ mod common;
 mod deploy;
 mod hostile;
 mod operations;
+mod org;
 mod readme;
 mod reload;
 mod routes;
