@@ -391,7 +391,7 @@ impl<S: Store> Limiter<S> {
             .await?
         {
             Outcome::Emptied(emptied) => emptied,
-            // A store that predates emptied counts: nothing to cover with.
+            // A custom store that empties without counting what it took: nothing to cover.
             Outcome::Done => PerCurrency::default(),
             other => return Err(unexpected(&other)),
         };

@@ -5,6 +5,19 @@
 //! [`redis::RedisStore`] (feature `redis`) shares keys between processes. [`AnyStore`] is the
 //! store the process-wide registry holds: the memory store without any boxing, or any other store
 //! behind a trait object.
+//!
+//! # Writing a store
+//!
+//! A store of your own writes two methods. [`Store::bind`] checks limits it can keep (and, if
+//! it can tell without I/O, that the key isn't held under other limits). [`Store::apply`] runs
+//! every [`Op`] on a key's state all or nothing, as the rule book does: admission (`Acquire`,
+//! `Admit`, `Cancel`, `Adjust`, `Snapshot`, `Ping`) for any limiter, and the provider ledger
+//! (`Penalize`, `Lower`, `Sync`, `Settle`) that `tollgate::http` and
+//! [`Limiter::penalize`](crate::Limiter::penalize) send. The rule book is exact integer
+//! arithmetic over nanoseconds: `testing::RuleBook` (feature `testing`) is it, one key at
+//! explicit times, so a store that wraps another (counting, logging, routing keys between
+//! stores) delegates, and a new backend checks its answers against the rule book's on the same
+//! operations, as the Redis store's Lua script is checked by `tests/redis/differential.rs`.
 
 use std::any::Any;
 use std::future::Future;

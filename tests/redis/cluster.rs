@@ -206,3 +206,51 @@ fn a_failover_gives_back_what_the_replica_had_not_seen() {
         assert_eq!(passed_again, 10, "the replica never saw the 10 charges");
     });
 }
+
+/// A cluster store made on one runtime serves on the next, after the first shut down (a
+/// `block_on` per request, a runtime per test): its first call there finds the old
+/// connection's tasks gone and is answered by a new connection, and the key's count carries
+/// on from the server, exact.
+#[test]
+fn a_cluster_store_outlives_the_runtime_that_connected_it() {
+    let Some(cluster) = RedisCluster::start() else {
+        return;
+    };
+    let first = runtime();
+    let (store, limiter) = first.block_on(async {
+        let store = RedisStore::connect(&cluster.url()).await.unwrap();
+        let limiter = Limiter::new(
+            "outlives",
+            Limits::parse("10/h", "").unwrap(),
+            store.clone(),
+        )
+        .unwrap();
+        for _ in 0..3 {
+            limiter.acquire(Cost::call(0)).await.unwrap();
+        }
+        (store, limiter)
+    });
+    drop(first);
+    runtime().block_on(async {
+        let mut errors = 0;
+        let mut admitted = 0;
+        loop {
+            match limiter.try_acquire(Cost::call(0)).await {
+                Ok(Attempt::Admitted(_)) => admitted += 1,
+                Ok(Attempt::NotYet(_)) => break,
+                Err(error) => {
+                    errors += 1;
+                    assert!(errors <= 1, "after the first runtime: {error}");
+                }
+            }
+        }
+        assert_eq!(errors, 0, "the first call on the new runtime failed");
+        assert_eq!(admitted, 7, "10 an hour, 3 taken on the first runtime");
+        let other =
+            Limiter::new("outlives-other", Limits::parse("2/h", "").unwrap(), store).unwrap();
+        assert!(matches!(
+            other.try_acquire(Cost::call(0)).await.unwrap(),
+            Attempt::Admitted(_)
+        ));
+    });
+}

@@ -123,11 +123,9 @@ fn no_call_outlives_its_deadline_when_the_server_stops() {
 /// the server stopped within its timeouts, not at its turn.
 #[test]
 fn a_watchdog_dropped_with_its_runtime_is_replaced_on_the_next() {
-    // A cluster client's connections are tasks of the runtime that made them: a cluster store
-    // does not outlive that runtime, so there is nothing to carry to the next one.
-    if tollgate_testkit::redis::single_server_only(
-        "a cluster store lives and dies with its runtime",
-    ) {
+    // It pauses its one server; a cluster store on a new runtime is
+    // cluster::a_cluster_store_outlives_the_runtime_that_connected_it.
+    if tollgate_testkit::redis::single_server_only("pauses a single server") {
         return;
     }
     let Some(server) = RedisServer::start() else {

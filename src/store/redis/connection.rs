@@ -8,11 +8,18 @@
 //! reconnect to the address it first resolved). A cluster is reached through redis-rs's
 //! cluster client, which learns the slot map from any node given, sends each script call to
 //! the master of its key's slot (a key's hash and queue share one hash tag, so one slot), and
-//! follows `MOVED` and failovers by refreshing the map.
+//! follows `MOVED` and failovers by refreshing the map. The cluster client's connections are
+//! tasks of the runtime that made them; when one of its calls finds them gone (that runtime
+//! shut down, or the client gave up on every node), the next call makes a new cluster
+//! connection on the runtime it runs on, so a cluster store outlives the runtime that
+//! connected it as a single-server store does.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
+use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::SentinelClient;
 use redis::{
@@ -24,16 +31,108 @@ use redis::{
 pub(super) enum Connection {
     Single(ConnectionManager),
     Sentinel(Arc<SentinelLink>),
-    Cluster(ClusterConnection),
+    Cluster(Arc<ClusterLink>),
+}
+
+/// The connection in use, numbered so that a failure seen on an older one doesn't throw away
+/// its successor.
+struct Current<C> {
+    current: Mutex<Option<(u64, C)>>,
+    made: AtomicU64,
+}
+
+impl<C: Clone> Current<C> {
+    fn new() -> Self {
+        Current {
+            current: Mutex::new(None),
+            made: AtomicU64::new(0),
+        }
+    }
+
+    fn get(&self) -> Option<(u64, C)> {
+        self.current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set(&self, connection: C) -> (u64, C) {
+        let number = self.made.fetch_add(1, Ordering::Relaxed);
+        *self.current.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some((number, connection.clone()));
+        (number, connection)
+    }
+
+    /// Forgets connection `number`, if it is still the one in use.
+    fn forget(&self, number: u64) {
+        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        if current.as_ref().is_some_and(|(n, _)| *n == number) {
+            *current = None;
+        }
+    }
+}
+
+/// Whether a cluster connection refused `error`'s command before sending it, its tasks gone
+/// (what redis-rs's cluster connection answers when its runtime has shut down). A command that
+/// may have reached a server is never sent again: the script is not idempotent.
+fn never_sent(error: &RedisError) -> bool {
+    error.is_connection_dropped() && error.to_string().contains("Unable to send command")
+}
+
+/// A Redis Cluster's client, and its connection while that connection's tasks run.
+pub(super) struct ClusterLink {
+    client: ClusterClient,
+    current: Current<ClusterConnection>,
+    /// One caller connects at a time; the others then take what it made.
+    connecting: tokio::sync::Mutex<()>,
+    timeout: Duration,
+}
+
+impl ClusterLink {
+    /// A link whose first connection, `connection`, was made by `client`.
+    pub(super) fn new(
+        client: ClusterClient,
+        connection: ClusterConnection,
+        timeout: Duration,
+    ) -> Self {
+        let current = Current::new();
+        current.set(connection);
+        ClusterLink {
+            client,
+            current,
+            connecting: tokio::sync::Mutex::new(()),
+            timeout,
+        }
+    }
+
+    async fn connection(&self) -> RedisResult<(u64, ClusterConnection)> {
+        if let Some(found) = self.current.get() {
+            return Ok(found);
+        }
+        let _connecting = self.connecting.lock().await;
+        if let Some(found) = self.current.get() {
+            return Ok(found);
+        }
+        let connection = tokio::time::timeout(self.timeout, self.client.get_async_connection())
+            .await
+            .map_err(|_| RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut)))??;
+        Ok(self.current.set(connection))
+    }
+
+    /// After `error` on connection `number`: a connection whose tasks are gone answers every
+    /// call with a broken pipe; the next call makes a new one.
+    fn failed(&self, number: u64, error: &RedisError) {
+        if error.is_connection_dropped() {
+            self.current.forget(number);
+        }
+    }
 }
 
 /// The master a set of sentinels names, and the connection to it while it answers.
 pub(super) struct SentinelLink {
     sentinel: tokio::sync::Mutex<SentinelClient>,
-    /// The connection to the master last named, numbered so that a failure seen on an older
-    /// one doesn't throw away its successor.
-    current: Mutex<Option<(u64, MultiplexedConnection)>>,
-    resolved: std::sync::atomic::AtomicU64,
+    /// The connection to the master last named.
+    current: Current<MultiplexedConnection>,
     config: AsyncConnectionConfig,
     db: i64,
 }
@@ -42,40 +141,27 @@ impl SentinelLink {
     pub(super) fn new(sentinel: SentinelClient, config: AsyncConnectionConfig, db: i64) -> Self {
         SentinelLink {
             sentinel: tokio::sync::Mutex::new(sentinel),
-            current: Mutex::new(None),
-            resolved: std::sync::atomic::AtomicU64::new(0),
+            current: Current::new(),
             config,
             db,
         }
     }
 
-    fn current(&self) -> Option<(u64, MultiplexedConnection)> {
-        self.current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
     /// The connection to the master, asking the sentinels which one that is when there is
     /// none. One caller asks at a time; the others then take what it found.
     async fn connection(&self) -> RedisResult<(u64, MultiplexedConnection)> {
-        if let Some(found) = self.current() {
+        if let Some(found) = self.current.get() {
             return Ok(found);
         }
         let mut sentinel = self.sentinel.lock().await;
-        if let Some(found) = self.current() {
+        if let Some(found) = self.current.get() {
             return Ok(found);
         }
         let client = sentinel.async_get_client().await?;
         let connection = client
             .get_multiplexed_async_connection_with_config(&self.config)
             .await?;
-        let number = self
-            .resolved
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        *self.current.lock().unwrap_or_else(PoisonError::into_inner) =
-            Some((number, connection.clone()));
-        Ok((number, connection))
+        Ok(self.current.set(connection))
     }
 
     /// After `error` on connection `number`: a master that can't be reached, or that says it
@@ -89,12 +175,8 @@ impl SentinelLink {
                 error.kind(),
                 ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
             );
-        if !lost {
-            return;
-        }
-        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
-        if current.as_ref().is_some_and(|(n, _)| *n == number) {
-            *current = None;
+        if lost {
+            self.current.forget(number);
         }
     }
 }
@@ -111,7 +193,28 @@ impl ConnectionLike for Connection {
                 }
                 result
             }),
-            Connection::Cluster(c) => c.req_packed_command(cmd),
+            Connection::Cluster(link) => Box::pin(async move {
+                let (number, mut connection) = link.connection().await?;
+                let result = connection.req_packed_command(cmd).await;
+                match &result {
+                    // The command never left: the connection's tasks were gone. A new
+                    // connection sends it, once.
+                    Err(error) if never_sent(error) => {
+                        link.current.forget(number);
+                        let (number, mut connection) = link.connection().await?;
+                        let result = connection.req_packed_command(cmd).await;
+                        if let Err(error) = &result {
+                            link.failed(number, error);
+                        }
+                        result
+                    }
+                    Err(error) => {
+                        link.failed(number, error);
+                        result
+                    }
+                    Ok(_) => result,
+                }
+            }),
         }
     }
 
@@ -133,7 +236,16 @@ impl ConnectionLike for Connection {
                 }
                 result
             }),
-            Connection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(link) => Box::pin(async move {
+                let (number, mut connection) = link.connection().await?;
+                let result = connection
+                    .req_packed_commands(pipeline, offset, count)
+                    .await;
+                if let Err(error) = &result {
+                    link.failed(number, error);
+                }
+                result
+            }),
         }
     }
 
@@ -141,7 +253,7 @@ impl ConnectionLike for Connection {
         match self {
             Connection::Single(c) => c.get_db(),
             Connection::Sentinel(link) => link.db,
-            Connection::Cluster(c) => c.get_db(),
+            Connection::Cluster(_) => 0,
         }
     }
 }

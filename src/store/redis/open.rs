@@ -6,7 +6,7 @@ use std::time::Duration;
 use redis::Script;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use super::connection::{self, Connection};
+use super::connection::{self, ClusterLink, Connection};
 use super::url::{self, Shown};
 use super::{Inner, RedisConfig, RedisStore, fail, script};
 use crate::error::Error;
@@ -85,7 +85,11 @@ impl RedisStore {
             };
         let store = RedisStore {
             inner: Arc::new(Inner {
-                connection: Connection::Cluster(connection),
+                connection: Connection::Cluster(Arc::new(ClusterLink::new(
+                    client,
+                    connection,
+                    config.timeout,
+                ))),
                 script: Script::new(&script::LUA),
                 config,
                 shown,
