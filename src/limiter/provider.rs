@@ -1,0 +1,187 @@
+//! What a provider's answers do to a limiter: its 429s (a pause, and the windows they say are
+//! spent), its `remaining` counts and header syncs, and the calls in flight that the HTTP gate
+//! settles once the provider has counted them. A limiter used without a provider's answers
+//! never needs any of it; `tollgate::http` uses all of it.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use super::{Limiter, Permit, unexpected};
+use crate::bucket::SyncArgs;
+use crate::cost::Cost;
+use crate::error::Error;
+use crate::rate::{Currencies, Currency, PerCurrency};
+use crate::store::{Op, Outcome, Store};
+
+/// What the last penalty emptied, per currency, and which penalty that was: what settlements
+/// of calls sent before it may charge their shortfalls against instead of the windows.
+#[derive(Debug, Default)]
+pub(super) struct Cover {
+    penalty: u64,
+    tokens: PerCurrency<u64>,
+}
+
+impl<S: Store> Limiter<S> {
+    /// What a provider's 429 means for this key: empties its windows (every currency a
+    /// provider counts; a spend budget is counted here alone, and a refusal spends none of it)
+    /// and admits nothing on it for `retry_after`, for every waiter (and, on a shared store,
+    /// every process). A longer pause already in force wins. See
+    /// [`parse_retry_after`](crate::parse_retry_after) for the header.
+    pub async fn penalize(&self, retry_after: Duration) -> Result<(), Error> {
+        self.penalize_spent(retry_after, Currencies::ALL.without(Currency::Spend))
+            .await
+    }
+
+    /// Like [`penalize`](Limiter::penalize), but empties only the windows of the `spent`
+    /// currencies: a 429 whose headers say requests are left while tokens are not must not
+    /// throw the requests away. Nothing passes during the pause either way.
+    ///
+    /// Calls admitted before the penalty were counted by the provider's refusal: one that
+    /// later settles above its estimate draws on what the penalty emptied before it is charged
+    /// (never more than that), so that it is not counted twice.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Cost, Currencies, Currency, Limiter, Limits};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), tollgate::Error> {
+    /// let limiter = Limiter::builder("k", Limits::parse("100/m", "10000/m")?).build()?;
+    /// limiter.acquire(Cost::call(9_000)).await?;
+    /// let tokens = Currencies::NONE.with(Currency::Tokens);
+    /// limiter.penalize_spent(Duration::from_secs(1), tokens).await?;
+    /// let snapshot = limiter.snapshot().await?;
+    /// assert_eq!(snapshot.tokens().unwrap().whole(), 0);
+    /// assert_eq!(snapshot.requests().unwrap().whole(), 99);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn penalize_spent(
+        &self,
+        retry_after: Duration,
+        spent: Currencies,
+    ) -> Result<(), Error> {
+        let emptied = match self
+            .call_bounded(Op::Penalize {
+                pause: retry_after,
+                spent,
+            })
+            .await?
+        {
+            Outcome::Emptied(emptied) => emptied,
+            // A custom store that empties without counting what it took: nothing to cover.
+            Outcome::Done => PerCurrency::default(),
+            other => return Err(unexpected(&other)),
+        };
+        let penalty = self.inner.penalties.fetch_add(1, Ordering::AcqRel) + 1;
+        *self
+            .inner
+            .cover
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Cover {
+            penalty,
+            tokens: emptied,
+        };
+        self.meters().penalties.increment(1);
+        self.inner.line.replan();
+        tracing::warn!(key = %self.inner.key, ?retry_after, "the provider refused a call; pausing the key");
+        Ok(())
+    }
+
+    /// Takes what a permit admitted before penalty number `penalties` may leave uncharged of
+    /// a `shortfall` in currency `index`: what the last penalty emptied, as far as it goes.
+    pub(crate) fn covered(&self, penalties: u64, currency: Currency, shortfall: u64) -> u64 {
+        let mut cover = self
+            .inner
+            .cover
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if cover.penalty <= penalties {
+            return 0;
+        }
+        let covered = shortfall.min(cover.tokens[currency]);
+        cover.tokens[currency] -= covered;
+        covered
+    }
+
+    /// Lowers what the windows of `currency` hold to at most `remaining` (what a provider's
+    /// `remaining` header says is left); never raises them, since calls in flight are charged
+    /// here and not yet counted there. Answers how many whole tokens the window closest to
+    /// `remaining` held above it (what was taken off), or, negative, below it.
+    pub async fn lower(&self, currency: Currency, remaining: u64) -> Result<i64, Error> {
+        match self
+            .call_bounded(Op::Lower {
+                currency,
+                remaining,
+            })
+            .await?
+        {
+            Outcome::Lowered(tokens) => {
+                if tokens > 0 {
+                    self.meters().lowered.increment(tokens.unsigned_abs());
+                }
+                Ok(tokens)
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// A header sync on the store (see [`SyncArgs`]).
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) async fn sync(&self, args: SyncArgs) -> Result<crate::store::Synced, Error> {
+        match self.call_bounded(Op::Sync(Box::new(args))).await? {
+            Outcome::Synced(synced) => {
+                let lowered: u64 = synced
+                    .lowered
+                    .iter()
+                    .filter(|(c, _)| *c != Currency::Spend)
+                    .map(|(_, t)| *t)
+                    .sum();
+                if lowered > 0 {
+                    self.meters().lowered.increment(lowered);
+                }
+                if synced.returned.iter().any(|(_, r)| *r > 0) {
+                    self.refunded();
+                }
+                Ok(*synced)
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// A permit that will settle went away (settled for the last time, or dropped).
+    pub(crate) fn landed(&self) {
+        self.inner.unsettled.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Whether calls that will still settle are in flight: refunds may come.
+    pub(crate) fn refunds_may_come(&self) -> bool {
+        self.inner.unsettled.load(Ordering::Acquire) > 0
+    }
+
+    /// Like [`acquire_timeout`](Limiter::acquire_timeout), for a call that goes out through the
+    /// HTTP gate: the store remembers it as in flight (so that header syncs, in every process,
+    /// know it was sent and not yet counted by the provider) until its permit settles for the
+    /// last time or is dropped.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) async fn acquire_flight(
+        &self,
+        cost: Cost,
+        timeout: Option<Duration>,
+    ) -> Result<Permit<S>, Error> {
+        let start = Instant::now();
+        let deadline = timeout.and_then(|t| start.checked_add(t));
+        let span = tracing::debug_span!(
+            "tollgate.acquire",
+            key = %self.inner.key,
+            requests = cost.requests,
+            tokens = cost.tokens
+        );
+        self.wait(cost, start, deadline, true)
+            .instrument(span)
+            .await
+    }
+}
