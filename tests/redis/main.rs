@@ -4,6 +4,7 @@
 mod cancel;
 mod cluster;
 mod differential;
+mod differential_edges;
 mod failover;
 mod faults;
 mod hardening;
