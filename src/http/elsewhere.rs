@@ -52,7 +52,8 @@ const MARGIN: u64 = 25;
 /// What a key keeps back of its windows (a quarter) when its first answer is slow in coming and
 /// calls go without it: others may be spending from the quota meanwhile, for as long as that
 /// answer takes. Kept back, not lost: the window refills under it, and the first syncs give
-/// back whatever of it was not spent elsewhere.
+/// back whatever of it was not spent elsewhere. A level, not an amount: however many
+/// processes of a fleet go blind, the windows keep back one quarter.
 const BLIND: u64 = 4;
 /// How long after a sync last found spending elsewhere the margin is kept.
 const SEEN_FOR: Duration = Duration::from_secs(5);
@@ -269,30 +270,45 @@ impl Elsewhere {
     }
 
     /// The first answer on a key is slow in coming, and calls are about to go without it: what
-    /// others spent from the quota meanwhile is unknown, so the windows keep the margin back,
-    /// charged like the model's own charges: the first syncs that compare a count give back
-    /// whatever of it was not spent elsewhere. Once per key and process.
+    /// others spent from the quota meanwhile is unknown, so the windows keep a quarter of their
+    /// capacity back: each currency the provider counts is lowered to at most three quarters of
+    /// its widest window. What that took off is booked like the model's own charges: the
+    /// first syncs that compare a count give back whatever of it was not spent elsewhere. Once
+    /// per key and process.
+    ///
+    /// A lowering, not a charge: in a fleet on one store every process goes blind on its own
+    /// first answer, and a charge from each would keep back a quarter per process (eight
+    /// processes held back two windows' worth, and ran 1.4 times slower than without sync),
+    /// where lowering twice to the same level keeps back the quarter once.
     pub(super) async fn blind(&self, limiter: &Limiter) -> Result<(), crate::Error> {
-        let mut due = PerCurrency::default();
         {
             let mut model = self.model();
             if model.blind {
                 return Ok(());
             }
             model.blind = true;
-            // Money is counted by nobody else: only the currencies a provider counts.
-            for currency in Currency::ALL.into_iter().filter(|c| *c != Currency::Spend) {
-                if let Some(capacity) = limiter.limits().of(currency).capacity() {
-                    due[currency] = capacity / BLIND;
-                }
-            }
-            model.unconfirm(Instant::now(), due);
         }
-        let args = crate::store::SyncArgs {
-            foreign: due,
-            ..crate::store::SyncArgs::default()
-        };
-        limiter.sync(args).await.map(|_| ())
+        // Money is counted by nobody else: only the currencies a provider counts.
+        let mut taken = PerCurrency::default();
+        for currency in Currency::ALL.into_iter().filter(|c| *c != Currency::Spend) {
+            // The widest window: a narrower one holds less than three quarters of it anyway,
+            // and refills within its own short period.
+            let widest = limiter
+                .limits()
+                .of(currency)
+                .as_slice()
+                .iter()
+                .map(|r| r.burst())
+                .max();
+            if let Some(capacity) = widest {
+                let off = limiter.lower(currency, capacity - capacity / BLIND).await?;
+                taken[currency] = u64::try_from(off).unwrap_or(0);
+            }
+        }
+        if taken != PerCurrency::default() {
+            self.model().unconfirm(Instant::now(), taken);
+        }
+        Ok(())
     }
 
     /// The estimated rate of `currency`, in tokens a second.

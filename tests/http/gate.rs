@@ -615,3 +615,56 @@ async fn a_sync_leaves_out_calls_sent_within_250_ms_of_its_call() {
         drop(second);
     }
 }
+
+/// Two processes of a fleet on one store, each with its own gate, whose keys' first answers
+/// are slow in coming: both go without them, keeping a quarter of the window back once
+/// between them (the windows are lowered to three quarters of their capacity), not a quarter
+/// each. Each kept its own charge of a quarter before, and eight processes held back two
+/// windows' worth.
+#[tokio::test(start_paused = true)]
+async fn a_fleet_going_blind_keeps_back_one_quarter_not_one_per_process() {
+    let store = MemoryStore::new();
+    let registries = [
+        Arc::new(Registry::new(store.clone())),
+        Arc::new(Registry::new(store.clone())),
+    ];
+    let gates = registries.each_ref().map(gate);
+    // Each process's first call goes alone; its others wait for its answer.
+    let mut firsts = Vec::new();
+    for (i, gate) in gates.iter().enumerate() {
+        firsts.push(admit(gate, &chat(10 + i, 100)).await);
+    }
+    let charged_first: u64 = firsts.iter().map(|c| c.cost().unwrap().tokens).sum();
+    assert_eq!(
+        tokens_left(&registries[0]).await,
+        i128::from(100_000 - charged_first)
+    );
+    let seconds: Vec<_> = gates
+        .iter()
+        .enumerate()
+        .map(|(i, gate)| {
+            let (gate, body) = (gate.clone(), chat(20 + i, 100));
+            tokio::spawn(async move { admit(&gate, &body).await })
+        })
+        .collect();
+    // The first calls go out a moment later, and no answer comes within the second the
+    // others wait: they go without it.
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    for call in &mut firsts {
+        call.sending();
+    }
+    let mut charged_second = 0;
+    let mut held = Vec::new();
+    for second in seconds {
+        let call = second.await.unwrap();
+        charged_second += call.cost().unwrap().tokens;
+        held.push(call);
+    }
+    // 100,000 a day: the second refilled 1.16 tokens, under the lowering.
+    assert_eq!(
+        tokens_left(&registries[0]).await,
+        i128::from(75_000 - charged_second),
+        "the windows kept back more than a quarter (first calls {charged_first}, second {charged_second})"
+    );
+    drop((firsts, held));
+}
