@@ -143,8 +143,7 @@ impl RuleBook {
     /// passing).
     pub fn apply(&mut self, op: Op, now: Duration) -> Result<Outcome, Error> {
         let tickets = &mut self.tickets;
-        crate::store::memory::apply_to(
-            &mut self.state,
+        self.state.apply(
             &self.limits,
             "rule-book",
             Nanos::from_duration(now),

@@ -40,6 +40,7 @@ use crate::cost::Cost;
 use crate::rate::{Currency, Limits, PerCurrency, Rate};
 
 pub(crate) mod flights;
+pub(crate) mod op;
 pub(crate) mod queue;
 pub(crate) mod state;
 pub(crate) mod window;

@@ -335,7 +335,7 @@ impl KeyState {
     /// Adds `delta` to the windows of each currency (positive: a refund, never above capacity;
     /// negative: a charge that may go into debt, down to 64 bursts), to the real levels and to
     /// the schedule alike.
-    fn apply(&mut self, limits: &Limits, delta: Delta) {
+    fn add_delta(&mut self, limits: &Limits, delta: Delta) {
         let apply = |levels: &mut Levels| {
             for ((c, w), level) in windows(limits).zip(levels.units.iter_mut()) {
                 let d = delta[c];
@@ -352,7 +352,7 @@ impl KeyState {
     /// negative: a charge that may go into debt, down to 64 bursts).
     pub(crate) fn adjust(&mut self, limits: &Limits, now: Nanos, delta: Delta) -> Step {
         self.refilled(limits, now);
-        self.apply(limits, delta);
+        self.add_delta(limits, delta);
         Step::Done
     }
 
@@ -426,7 +426,7 @@ impl KeyState {
     fn shift(&mut self, limits: &Limits, currency: Currency, tokens: i64) {
         let mut delta = Delta::default();
         delta[currency] = tokens;
-        self.apply(limits, delta);
+        self.add_delta(limits, delta);
     }
 
     /// A header sync: brings the windows in line with what a provider's answer to call
@@ -447,7 +447,7 @@ impl KeyState {
     /// currency to at most the count, as [`lower`](KeyState::lower) does.
     pub(crate) fn sync(&mut self, limits: &Limits, now: Nanos, args: &SyncArgs) -> Step {
         let now = self.refilled(limits, now);
-        self.apply(limits, args.foreign.map(|t| -clamp_i64(i128::from(t))));
+        self.add_delta(limits, args.foreign.map(|t| -clamp_i64(i128::from(t))));
         if let Some(flights) = self.flights.as_deref_mut() {
             for c in Currency::ALL {
                 flights.corrected[c] =
@@ -470,7 +470,7 @@ impl KeyState {
                     charged[c] = 0;
                 }
             }
-            self.apply(limits, charged.map(|c| clamp_i64(i128::from(c))));
+            self.add_delta(limits, charged.map(|c| clamp_i64(i128::from(c))));
             if let (Some(flights), Some((i, _, _))) = (self.flights.as_deref_mut(), found) {
                 for c in Currency::ALL {
                     if back.contains(c) {
@@ -629,7 +629,7 @@ impl KeyState {
                 self.flights = None;
             }
         }
-        self.apply(limits, delta);
+        self.add_delta(limits, delta);
         Step::Settled(delta)
     }
 

@@ -6,11 +6,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use crate::bucket::{KeyState, Nanos, Step};
+use crate::bucket::{KeyState, Nanos};
 use crate::clock::{Clock, ManualClock};
 use crate::error::Error;
 use crate::rate::Limits;
-use crate::store::{Op, Outcome, Store, Ticket};
+use crate::store::{Op, Outcome, Store};
 
 const SHARDS: usize = 16;
 /// A shard is swept for forgettable keys when it has grown to twice its size after the last
@@ -184,7 +184,7 @@ impl MemoryStore {
         let now = self.inner.clock.now();
         let limits = &entry.limits;
         let mut state = lock(&entry.state);
-        apply_to(&mut state, limits, &entry.key, now, op, LEASE, || {
+        state.apply(limits, &entry.key, now, op, LEASE, || {
             NEXT_TICKET.fetch_add(1, Ordering::Relaxed)
         })
     }
@@ -220,69 +220,6 @@ impl MemoryStore {
             shard.sweep_at = 0;
             shard.sweep(now);
         }
-    }
-}
-
-/// Runs `op` on a key's `state` at `now`: the rule book's transition, as a store's answer.
-/// Tickets that lapse are kept `lease` past their due time; new ones are numbered by `id`.
-pub(crate) fn apply_to(
-    state: &mut KeyState,
-    limits: &Limits,
-    key: &str,
-    now: Nanos,
-    op: Op,
-    lease: Duration,
-    id: impl FnOnce() -> u64,
-) -> Result<Outcome, Error> {
-    let step = match op {
-        Op::Acquire {
-            cost,
-            max_wait,
-            fly,
-        } => state
-            .acquire(limits, now, cost, max_wait, fly, lease, id)
-            .map_err(|e| Error::from_bucket(key, cost, e))?,
-        Op::Admit { ticket, fly } => state
-            .admit(limits, now, ticket.id(), fly, lease)
-            .map_err(|e| Error::from_bucket(key, Default::default(), e))?,
-        Op::Cancel { ticket } => state.cancel(now, ticket.id()),
-        Op::Adjust { delta } => state.adjust(limits, now, delta),
-        Op::Penalize { pause, spent } => state.penalize(limits, now, now.plus(pause), spent),
-        Op::Lower {
-            currency,
-            remaining,
-        } => state.lower(limits, now, currency, remaining),
-        Op::Sync(args) => state.sync(limits, now, &args),
-        Op::Settle {
-            flight,
-            charged,
-            used,
-            last,
-        } => state.settle(limits, now, flight, charged, used, last),
-        Op::Snapshot => return Ok(Outcome::Snapshot(state.snapshot(limits, now))),
-        Op::Ping => Step::Done,
-    };
-    Ok(outcome(step))
-}
-
-/// A step of the rule book as a store's answer.
-pub(crate) fn outcome(step: Step) -> Outcome {
-    let nanos = Duration::from_nanos;
-    match step {
-        Step::Admitted => Outcome::Admitted,
-        Step::Flying { flight } => Outcome::Flying(flight),
-        Step::Queued { id, due_in } => Outcome::Queued {
-            ticket: Ticket::new(id),
-            due_in: nanos(due_in),
-        },
-        Step::NotYet { wait } => Outcome::NotYet(nanos(wait)),
-        Step::Behind { wait } => Outcome::Behind(nanos(wait)),
-        Step::Lost => Outcome::Lost,
-        Step::Done => Outcome::Done,
-        Step::Lowered(tokens) => Outcome::Lowered(tokens),
-        Step::Emptied(tokens) => Outcome::Emptied(tokens),
-        Step::Synced(synced) => Outcome::Synced(synced),
-        Step::Settled(delta) => Outcome::Settled(delta),
     }
 }
 

@@ -25,157 +25,17 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::bucket::Available;
 pub use crate::bucket::{SyncArgs, Synced};
-use crate::cost::Cost;
 use crate::error::Error;
-use crate::rate::{Currencies, Currency, Limits, PerCurrency};
+use crate::rate::Limits;
 
 pub(crate) mod memory;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 
+pub use crate::bucket::op::{Op, Outcome, Ticket};
 pub use memory::{MemoryKey, MemoryStore};
-
-/// A waiting call's place in a key's queue, as the store issued it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Ticket(u64);
-
-impl Ticket {
-    /// A ticket with the store's own identifier (for implementations of [`Store`]).
-    pub fn new(id: u64) -> Ticket {
-        Ticket(id)
-    }
-
-    /// The store's identifier.
-    pub fn id(self) -> u64 {
-        self.0
-    }
-}
-
-/// One state transition of a key.
-///
-/// Small (48 bytes) so that an admission moves little: the one large operation, a sync, is
-/// boxed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Op {
-    /// A call arrives. It is [`Outcome::Admitted`] at once if every window can pay for it on
-    /// top of every call already waiting; otherwise it is [`Outcome::Queued`] behind them,
-    /// unless it would be due more than `max_wait` from now (then [`Outcome::NotYet`], and
-    /// nothing changes). `max_wait` of zero never queues; `None` has no limit. With `fly`, an
-    /// admitted call is remembered as in flight ([`Outcome::Flying`]) until [`Op::Settle`]
-    /// says it is done: what a header sync ([`Op::Sync`]) needs.
-    Acquire {
-        /// What the call pays.
-        cost: Cost,
-        /// The longest the call may wait for its turn.
-        max_wait: Option<Duration>,
-        /// Remember the call as in flight once admitted.
-        fly: bool,
-    },
-    /// The holder of a ticket asks to pass: [`Outcome::Admitted`] (charged),
-    /// [`Outcome::Behind`] while calls ahead of it have yet to pass, [`Outcome::NotYet`] when
-    /// it is first in line but the windows (or a pause) hold it, or [`Outcome::Lost`] if the
-    /// ticket lapsed.
-    Admit {
-        /// The ticket.
-        ticket: Ticket,
-        /// Remember the call as in flight once admitted (as for [`Op::Acquire`]).
-        fly: bool,
-    },
-    /// Gives a ticket up: it was never charged, so nothing is given back.
-    Cancel {
-        /// The ticket.
-        ticket: Ticket,
-    },
-    /// Adds tokens to the windows of each currency: positive amounts are refunds (never above
-    /// capacity), negative ones charges (which may leave a window in debt).
-    Adjust {
-        /// Added to every window of each currency.
-        delta: PerCurrency<i64>,
-    },
-    /// A provider's 429: empties the windows of the `spent` currencies, and admits nothing for
-    /// `pause` (a longer pause already in force wins). Answers [`Outcome::Emptied`].
-    Penalize {
-        /// How long nothing passes.
-        pause: Duration,
-        /// The currencies the 429 says are used up.
-        spent: Currencies,
-    },
-    /// A provider's `remaining` count: lowers every window of `currency` to at most
-    /// `remaining`; never raises one. Answers [`Outcome::Lowered`].
-    Lower {
-        /// The currency the provider counted.
-        currency: Currency,
-        /// What the provider says is left.
-        remaining: u64,
-    },
-    /// A header sync: brings the windows in line with a provider's counts read from the
-    /// answer to a call in flight (see [`SyncArgs`]). Answers [`Outcome::Synced`].
-    Sync(Box<SyncArgs>),
-    /// Settles a call in flight with what it used, per currency (`None`: as charged). A shortfall is charged less what a sync that
-    /// counted the call took off already. With `last`, the call is done. Answers
-    /// [`Outcome::Settled`].
-    Settle {
-        /// The call's number ([`Outcome::Flying`]).
-        flight: u64,
-        /// What it was charged, in case the key no longer remembers it.
-        charged: Cost,
-        /// What it used.
-        used: PerCurrency<Option<u64>>,
-        /// Whether this is the call's last settlement.
-        last: bool,
-    },
-    /// What every window holds now: [`Outcome::Snapshot`].
-    Snapshot,
-    /// Checks that the store answers: [`Outcome::Done`].
-    Ping,
-}
-
-/// What an [`Op`] came to.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub enum Outcome {
-    /// Every window paid: the call may go.
-    Admitted,
-    /// Every window paid, and the call is remembered as in flight with this number.
-    Flying(u64),
-    /// The call has its place: it is due after `due_in`, when it should [`Op::Admit`].
-    Queued {
-        /// Its place.
-        ticket: Ticket,
-        /// How long until it is due.
-        due_in: Duration,
-    },
-    /// Nothing was charged; the call could pass after this long, if nothing else is charged
-    /// meanwhile.
-    NotYet(Duration),
-    /// An [`Op::Admit`] came before calls ahead of the ticket passed (they were late, or are
-    /// still on their way): nothing failed, and the ticket keeps its place. It could pass
-    /// after this long if they passed now.
-    Behind(Duration),
-    /// The ticket lapsed (its holder did not ask for it in time) or was cancelled.
-    Lost,
-    /// Done.
-    Done,
-    /// What an [`Op::Lower`] found: how many whole tokens the window of the currency closest
-    /// to `remaining` held above it (what was taken off), or, negative, below it (nothing was
-    /// taken, and this much more was left than the provider said).
-    Lowered(i64),
-    /// What an [`Op::Penalize`] emptied: per currency, the whole tokens the closest window
-    /// held above zero.
-    Emptied(PerCurrency<u64>),
-    /// What an [`Op::Sync`] found and did (boxed: the rare large answer would otherwise make
-    /// every admission's answer as large).
-    Synced(Box<Synced>),
-    /// What an [`Op::Settle`] added to the windows, per currency (positive: a refund;
-    /// negative: a charge).
-    Settled(PerCurrency<i64>),
-    /// What every window holds, in the order of [`Limits::windows`].
-    Snapshot(Vec<Available>),
-}
 
 /// A place where the windows of keys live.
 ///

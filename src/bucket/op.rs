@@ -1,0 +1,215 @@
+//! The rule book's one face: the operations a key's state takes ([`Op`]), what each came to
+//! ([`Outcome`]), and a waiting call's place ([`Ticket`]). Every store speaks these: the memory
+//! store runs the rule book (`KeyState::apply`) itself, the Redis store's script is its port (checked against
+//! it by the differential tests), and a custom store does one or the other.
+
+use std::time::Duration;
+
+use super::{Available, KeyState, Nanos, Step, SyncArgs, Synced};
+use crate::cost::Cost;
+use crate::error::Error;
+use crate::rate::{Currencies, Currency, Limits, PerCurrency};
+
+/// A waiting call's place in a key's queue, as the store issued it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Ticket(u64);
+
+impl Ticket {
+    /// A ticket with the store's own identifier (for implementations of [`Store`](crate::Store)).
+    pub fn new(id: u64) -> Ticket {
+        Ticket(id)
+    }
+
+    /// The store's identifier.
+    pub fn id(self) -> u64 {
+        self.0
+    }
+}
+
+/// One state transition of a key.
+///
+/// Small (48 bytes) so that an admission moves little: the one large operation, a sync, is
+/// boxed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Op {
+    /// A call arrives. It is [`Outcome::Admitted`] at once if every window can pay for it on
+    /// top of every call already waiting; otherwise it is [`Outcome::Queued`] behind them,
+    /// unless it would be due more than `max_wait` from now (then [`Outcome::NotYet`], and
+    /// nothing changes). `max_wait` of zero never queues; `None` has no limit. With `fly`, an
+    /// admitted call is remembered as in flight ([`Outcome::Flying`]) until [`Op::Settle`]
+    /// says it is done: what a header sync ([`Op::Sync`]) needs.
+    Acquire {
+        /// What the call pays.
+        cost: Cost,
+        /// The longest the call may wait for its turn.
+        max_wait: Option<Duration>,
+        /// Remember the call as in flight once admitted.
+        fly: bool,
+    },
+    /// The holder of a ticket asks to pass: [`Outcome::Admitted`] (charged),
+    /// [`Outcome::Behind`] while calls ahead of it have yet to pass, [`Outcome::NotYet`] when
+    /// it is first in line but the windows (or a pause) hold it, or [`Outcome::Lost`] if the
+    /// ticket lapsed.
+    Admit {
+        /// The ticket.
+        ticket: Ticket,
+        /// Remember the call as in flight once admitted (as for [`Op::Acquire`]).
+        fly: bool,
+    },
+    /// Gives a ticket up: it was never charged, so nothing is given back.
+    Cancel {
+        /// The ticket.
+        ticket: Ticket,
+    },
+    /// Adds tokens to the windows of each currency: positive amounts are refunds (never above
+    /// capacity), negative ones charges (which may leave a window in debt).
+    Adjust {
+        /// Added to every window of each currency.
+        delta: PerCurrency<i64>,
+    },
+    /// A provider's 429: empties the windows of the `spent` currencies, and admits nothing for
+    /// `pause` (a longer pause already in force wins). Answers [`Outcome::Emptied`].
+    Penalize {
+        /// How long nothing passes.
+        pause: Duration,
+        /// The currencies the 429 says are used up.
+        spent: Currencies,
+    },
+    /// A provider's `remaining` count: lowers every window of `currency` to at most
+    /// `remaining`; never raises one. Answers [`Outcome::Lowered`].
+    Lower {
+        /// The currency the provider counted.
+        currency: Currency,
+        /// What the provider says is left.
+        remaining: u64,
+    },
+    /// A header sync: brings the windows in line with a provider's counts read from the
+    /// answer to a call in flight (see [`SyncArgs`]). Answers [`Outcome::Synced`].
+    Sync(Box<SyncArgs>),
+    /// Settles a call in flight with what it used, per currency (`None`: as charged). A shortfall is charged less what a sync that
+    /// counted the call took off already. With `last`, the call is done. Answers
+    /// [`Outcome::Settled`].
+    Settle {
+        /// The call's number ([`Outcome::Flying`]).
+        flight: u64,
+        /// What it was charged, in case the key no longer remembers it.
+        charged: Cost,
+        /// What it used.
+        used: PerCurrency<Option<u64>>,
+        /// Whether this is the call's last settlement.
+        last: bool,
+    },
+    /// What every window holds now: [`Outcome::Snapshot`].
+    Snapshot,
+    /// Checks that the store answers: [`Outcome::Done`].
+    Ping,
+}
+
+/// What an [`Op`] came to.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// Every window paid: the call may go.
+    Admitted,
+    /// Every window paid, and the call is remembered as in flight with this number.
+    Flying(u64),
+    /// The call has its place: it is due after `due_in`, when it should [`Op::Admit`].
+    Queued {
+        /// Its place.
+        ticket: Ticket,
+        /// How long until it is due.
+        due_in: Duration,
+    },
+    /// Nothing was charged; the call could pass after this long, if nothing else is charged
+    /// meanwhile.
+    NotYet(Duration),
+    /// An [`Op::Admit`] came before calls ahead of the ticket passed (they were late, or are
+    /// still on their way): nothing failed, and the ticket keeps its place. It could pass
+    /// after this long if they passed now.
+    Behind(Duration),
+    /// The ticket lapsed (its holder did not ask for it in time) or was cancelled.
+    Lost,
+    /// Done.
+    Done,
+    /// What an [`Op::Lower`] found: how many whole tokens the window of the currency closest
+    /// to `remaining` held above it (what was taken off), or, negative, below it (nothing was
+    /// taken, and this much more was left than the provider said).
+    Lowered(i64),
+    /// What an [`Op::Penalize`] emptied: per currency, the whole tokens the closest window
+    /// held above zero.
+    Emptied(PerCurrency<u64>),
+    /// What an [`Op::Sync`] found and did (boxed: the rare large answer would otherwise make
+    /// every admission's answer as large).
+    Synced(Box<Synced>),
+    /// What an [`Op::Settle`] added to the windows, per currency (positive: a refund;
+    /// negative: a charge).
+    Settled(PerCurrency<i64>),
+    /// What every window holds, in the order of [`Limits::windows`].
+    Snapshot(Vec<Available>),
+}
+
+impl KeyState {
+    /// Runs `op` on the key's state at `now`: the rule book's transition, as a store's answer.
+    /// Tickets that lapse are kept `lease` past their due time; new ones are numbered by `id`.
+    pub(crate) fn apply(
+        &mut self,
+        limits: &Limits,
+        key: &str,
+        now: Nanos,
+        op: Op,
+        lease: Duration,
+        id: impl FnOnce() -> u64,
+    ) -> Result<Outcome, Error> {
+        let step = match op {
+            Op::Acquire {
+                cost,
+                max_wait,
+                fly,
+            } => self
+                .acquire(limits, now, cost, max_wait, fly, lease, id)
+                .map_err(|e| Error::from_bucket(key, cost, e))?,
+            Op::Admit { ticket, fly } => self
+                .admit(limits, now, ticket.id(), fly, lease)
+                .map_err(|e| Error::from_bucket(key, Default::default(), e))?,
+            Op::Cancel { ticket } => self.cancel(now, ticket.id()),
+            Op::Adjust { delta } => self.adjust(limits, now, delta),
+            Op::Penalize { pause, spent } => self.penalize(limits, now, now.plus(pause), spent),
+            Op::Lower {
+                currency,
+                remaining,
+            } => self.lower(limits, now, currency, remaining),
+            Op::Sync(args) => self.sync(limits, now, &args),
+            Op::Settle {
+                flight,
+                charged,
+                used,
+                last,
+            } => self.settle(limits, now, flight, charged, used, last),
+            Op::Snapshot => return Ok(Outcome::Snapshot(self.snapshot(limits, now))),
+            Op::Ping => Step::Done,
+        };
+        Ok(outcome(step))
+    }
+}
+
+/// A step of the rule book as a store's answer.
+fn outcome(step: Step) -> Outcome {
+    let nanos = Duration::from_nanos;
+    match step {
+        Step::Admitted => Outcome::Admitted,
+        Step::Flying { flight } => Outcome::Flying(flight),
+        Step::Queued { id, due_in } => Outcome::Queued {
+            ticket: Ticket::new(id),
+            due_in: nanos(due_in),
+        },
+        Step::NotYet { wait } => Outcome::NotYet(nanos(wait)),
+        Step::Behind { wait } => Outcome::Behind(nanos(wait)),
+        Step::Lost => Outcome::Lost,
+        Step::Done => Outcome::Done,
+        Step::Lowered(tokens) => Outcome::Lowered(tokens),
+        Step::Emptied(tokens) => Outcome::Emptied(tokens),
+        Step::Synced(synced) => Outcome::Synced(synced),
+        Step::Settled(delta) => Outcome::Settled(delta),
+    }
+}
