@@ -582,8 +582,7 @@ impl Gate {
             .saturating_mul(copies);
         let price = model
             .as_deref()
-            .and_then(|m| self.inner.profile.model(m))
-            .and_then(|m| m.price);
+            .and_then(|m| self.inner.profile.price_of(m));
         Ok(Estimated {
             key,
             model,
@@ -629,20 +628,17 @@ impl Gate {
             OutputTo::OutputTokens => (Cost::call(input), estimated.output),
             OutputTo::Nowhere => (Cost::call(input), 0),
         };
-        let Some(limits) = limits.filter(|l| !l.spend().is_empty()) else {
+        if limits.is_none_or(|l| l.spend().is_empty()) {
             return Ok(cost);
-        };
+        }
         let price = estimated.price.ok_or_else(|| Error::Unpriced {
             key: estimated.key.clone(),
             model: estimated.model.clone().unwrap_or_default(),
         })?;
-        let spend = price.estimate(input, output);
-        // Never refused as too large for the budget when the reservation was not asked for:
-        // a call that names no max_tokens reserves what the budget can hold.
-        let spend = match limits.spend().capacity() {
-            Some(cap) if !estimated.explicit => spend.min(cap.max(price.estimate(input, 0))),
-            _ => spend,
-        };
+        // The whole reservation, asked for or not: a call without max_tokens may write its
+        // model's most output, and a budget too small for that refuses it (cut to the
+        // budget's size, one such call had spent sixteen days of a small budget at once).
+        let spend = price.estimate(input, output.max(estimated.output));
         Ok(cost.with_spend(spend))
     }
 }

@@ -3,14 +3,17 @@
 //!
 //! The tables are the providers' published figures as of [`PUBLISHED`]; every entry can be
 //! overridden (a [`Profile`](super::Profile)'s [`models`](super::Profile::models), or a
-//! proxy's configuration). A model name matches the longest entry it starts with, at a `-`,
-//! `:`, `@` or `.` boundary, so that dated snapshots (`gpt-4o-2024-08-06`) take their family's
-//! figures while `gpt-4o-mini` keeps its own.
+//! proxy's configuration). For its most output, a model name matches the longest entry it
+//! starts with, at a `-`, `:`, `@` or `.` boundary, so that dated snapshots
+//! (`gpt-4o-2024-08-06`) take their family's figures while `gpt-4o-mini` keeps its own. For its
+//! price it must be the entry itself or a snapshot of it (a date or version number after it, or
+//! `-latest`): `o3-pro` or `gpt-4-32k` is not billed at `o3`'s or `gpt-4`'s price, and a name
+//! the table doesn't price is refused under a budget.
 
 use std::borrow::Cow;
 
 /// When the built-in figures were taken from the providers' pages.
-pub const PUBLISHED: &str = "2025-08";
+pub const PUBLISHED: &str = "2025-10";
 
 /// What a million tokens cost, in micro-dollars (`$2.50` is `2_500_000`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -139,23 +142,55 @@ pub(crate) fn find<'t>(table: &'t [Model], model: &str) -> Option<&'t Model> {
         .max_by_key(|entry| entry.name.len())
 }
 
+/// Whether `model` is `name` itself or a snapshot of it: `name` then a date or version number
+/// (`-2024-08-06`, `-20250805`, `@20250805`, `-0613`, `-001`) or `-latest`. A family member
+/// with a name of its own (`o3-pro`, `gpt-4-32k`, `gpt-4o-audio-preview`) is another model,
+/// often at another price.
+fn snapshot_of(model: &str, name: &str) -> bool {
+    let Some(rest) = model.strip_prefix(name) else {
+        return false;
+    };
+    if rest.is_empty() || rest == "-latest" {
+        return true;
+    }
+    let Some(version) = rest.strip_prefix(['-', '@']) else {
+        return false;
+    };
+    let digits = version.bytes().filter(u8::is_ascii_digit).count();
+    digits >= 3 && version.bytes().all(|b| b.is_ascii_digit() || b == b'-')
+}
+
+/// The entry of `table` whose price `model` is billed at: its own, or that of the model it is
+/// a snapshot of. `None` for a name the table doesn't price (a budget then refuses the call
+/// rather than bill it at a cheaper relative's price).
+pub(crate) fn find_priced<'t>(table: &'t [Model], model: &str) -> Option<&'t Model> {
+    table
+        .iter()
+        .filter(|entry| snapshot_of(model, &entry.name))
+        .max_by_key(|entry| entry.name.len())
+}
+
 /// OpenAI's models (standard tier).
 pub fn openai() -> Vec<Model> {
     vec![
         m("gpt-5", 128_000, Price::dollars(1.25, 0.125, 10.0)),
+        m("gpt-5-pro", 272_000, Price::dollars(15.0, 15.0, 120.0)),
         m("gpt-5-mini", 128_000, Price::dollars(0.25, 0.025, 2.0)),
         m("gpt-5-nano", 128_000, Price::dollars(0.05, 0.005, 0.40)),
         m("gpt-4.1", 32_768, Price::dollars(2.0, 0.50, 8.0)),
         m("gpt-4.1-mini", 32_768, Price::dollars(0.40, 0.10, 1.60)),
         m("gpt-4.1-nano", 32_768, Price::dollars(0.10, 0.025, 0.40)),
         m("gpt-4o", 16_384, Price::dollars(2.50, 1.25, 10.0)),
+        m("gpt-4o-2024-05-13", 4_096, Price::dollars(5.0, 5.0, 15.0)),
         m("gpt-4o-mini", 16_384, Price::dollars(0.15, 0.075, 0.60)),
         m("gpt-4-turbo", 4_096, Price::dollars(10.0, 10.0, 30.0)),
         m("gpt-4", 8_192, Price::dollars(30.0, 30.0, 60.0)),
         m("gpt-3.5-turbo", 4_096, Price::dollars(0.50, 0.50, 1.50)),
         m("o1", 100_000, Price::dollars(15.0, 7.50, 60.0)),
+        m("o1-pro", 100_000, Price::dollars(150.0, 150.0, 600.0)),
         m("o1-mini", 65_536, Price::dollars(1.10, 0.55, 4.40)),
         m("o3", 100_000, Price::dollars(2.0, 0.50, 8.0)),
+        m("o3-pro", 100_000, Price::dollars(20.0, 20.0, 80.0)),
         m("o3-mini", 100_000, Price::dollars(1.10, 0.55, 4.40)),
         m("o4-mini", 100_000, Price::dollars(1.10, 0.275, 4.40)),
         m("text-embedding-3-small", 0, Price::dollars(0.02, 0.02, 0.0)),
@@ -170,6 +205,8 @@ pub fn anthropic() -> Vec<Model> {
     vec![
         m("claude-opus-4", 32_000, Price::dollars(15.0, 1.50, 75.0)),
         m("claude-opus-4-1", 32_000, Price::dollars(15.0, 1.50, 75.0)),
+        m("claude-sonnet-4-5", 64_000, Price::dollars(3.0, 0.30, 15.0)),
+        m("claude-haiku-4-5", 64_000, Price::dollars(1.0, 0.10, 5.0)),
         m("claude-sonnet-4", 64_000, Price::dollars(3.0, 0.30, 15.0)),
         m("claude-3-7-sonnet", 64_000, Price::dollars(3.0, 0.30, 15.0)),
         m("claude-3-5-sonnet", 8_192, Price::dollars(3.0, 0.30, 15.0)),
@@ -258,6 +295,27 @@ mod tests {
         assert_eq!(name("o1-mini").as_deref(), Some("o1-mini"));
         assert_eq!(name("o10"), None);
         assert_eq!(name("gpt-4ox"), None);
+        let priced = |model: &str| find_priced(&table, model).map(|m| m.name.as_ref().to_owned());
+        assert_eq!(priced("gpt-4o-2024-08-06").as_deref(), Some("gpt-4o"));
+        assert_eq!(
+            priced("gpt-4o-2024-05-13").as_deref(),
+            Some("gpt-4o-2024-05-13")
+        );
+        assert_eq!(priced("gpt-4-0613").as_deref(), Some("gpt-4"));
+        assert_eq!(priced("o3-pro-2025-06-10").as_deref(), Some("o3-pro"));
+        for unpriced in [
+            "o3-deep-research",
+            "gpt-4.5-preview",
+            "gpt-4-32k",
+            "gpt-4o-audio-preview",
+            "gpt-4o-mini-tts",
+            "gpt-4o.",
+            "gpt-4o-",
+            "gpt-4o:latest",
+            "gpt-4-1106-preview",
+        ] {
+            assert_eq!(priced(unpriced), None, "{unpriced}");
+        }
         assert_eq!(name("my-model"), None);
         let claude = anthropic();
         assert_eq!(

@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use super::models::{self, Model};
+use super::models::{self, Model, Price};
 use crate::{Currencies, Currency};
 
 /// What a 429 costs: the refused request. OpenAI: "unsuccessful requests contribute to your
@@ -401,6 +401,12 @@ impl Profile {
     /// The model entry `model` matches (the longest name it starts with at a boundary), if any.
     pub fn model(&self, model: &str) -> Option<&Model> {
         models::find(&self.models, model)
+    }
+
+    /// The price `model` is billed at: its own entry's, or that of the model it is a dated
+    /// snapshot of (see [`models`](super::models)); `None` for a name the table doesn't price.
+    pub fn price_of(&self, model: &str) -> Option<Price> {
+        models::find_priced(&self.models, model).and_then(|m| m.price)
     }
 
     /// What a call that names no `max_tokens` reserves for its output: its model's most

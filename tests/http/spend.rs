@@ -158,6 +158,68 @@ async fn a_model_without_a_price_cannot_spend_from_a_budget_until_it_is_given_on
     );
 }
 
+/// A family member with a name of its own is another model, at another price: `o3-pro` is
+/// not billed as `o3`, nor `gpt-5-pro` as `gpt-5` (a reviewer spent 10 to 13 times a budget
+/// that way); a name the table doesn't price (`o3-deep-research`) can't spend from a budget. A dated snapshot is
+/// billed at its model's price, and a snapshot priced apart (`gpt-4o-2024-05-13`) at its own.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_family_member_is_billed_at_its_own_price_or_not_at_all() {
+    let registry = Arc::new(Registry::new(MemoryStore::new()));
+    let gate = gate(&registry, "$100/d", Profile::openai());
+    for unpriced in [
+        "gpt-5-pro",
+        "o3-deep-research",
+        "gpt-4-32k",
+        "gpt-4o-audio-preview",
+    ] {
+        let err = gate.admit(&parts(), &body(unpriced, 10)).await.unwrap_err();
+        assert!(matches!(err, Error::Unpriced { .. }), "{unpriced}: {err}");
+    }
+    for (model, input, output) in [
+        ("o3-pro", 20_000_000, 80_000_000),
+        ("gpt-5-pro", 15_000_000, 120_000_000),
+        ("o3", 2_000_000, 8_000_000),
+        ("gpt-4o-2024-05-13", 5_000_000, 15_000_000),
+        ("gpt-4o-2024-11-20", 2_500_000, 10_000_000),
+    ] {
+        let call = gate.admit(&parts(), &body(model, 10)).await.unwrap();
+        let tokens = call.input_tokens();
+        assert_eq!(
+            call.cost().unwrap().spend,
+            (tokens * input + 10 * output).div_ceil(1_000_000),
+            "{model}"
+        );
+    }
+}
+
+/// A call that names no max_tokens reserves its model's most output at its price, whatever
+/// the budget holds: under a budget smaller than that it is refused as too large (it had been
+/// cut to the budget's size, and one call that wrote 16,000 tokens spent sixteen days of
+/// `$0.01/d`).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_call_without_max_tokens_reserves_its_models_most_output_from_a_budget() {
+    let registry = Arc::new(Registry::new(MemoryStore::new()));
+    let without = serde_json::to_vec(&json!({
+        "model": "gpt-4o",
+        "messages": [{"role": "user", "content": "one two three four five"}],
+    }))
+    .unwrap();
+    let small = gate(&registry, "$0.01/d", Profile::openai());
+    let err = small.admit(&parts(), &without).await.unwrap_err();
+    assert!(matches!(err, Error::CostExceedsCapacity { .. }), "{err}");
+    let large = gate(
+        &Arc::new(Registry::new(MemoryStore::new())),
+        "$1/d",
+        Profile::openai(),
+    );
+    let call = large.admit(&parts(), &without).await.unwrap();
+    let input = call.input_tokens();
+    assert_eq!(
+        call.cost().unwrap().spend,
+        (input * 2_500_000 + 16_384 * 10_000_000).div_ceil(1_000_000)
+    );
+}
+
 fn gate_with(registry: &Arc<Registry>, profile: Profile) -> Gate {
     gate(registry, "$1/d", profile)
 }
