@@ -51,6 +51,10 @@ pub(crate) struct ReadyUpstream {
     pub(crate) metrics: UpstreamMetrics,
     /// Keys seen lately (models and configured tenants), for their levels in `/metrics`.
     keys: Mutex<HashSet<String>>,
+    /// Calls of a pool that chose this member to wait for and are not admitted yet: on their
+    /// way to its line (which the store's wait can't count) or in it (which it counts too, so
+    /// a long line weighs double; the pool compares members alike, so the shorter still wins).
+    pub(crate) choosing: std::sync::atomic::AtomicU64,
 }
 
 /// Everything the requests share.
@@ -385,7 +389,7 @@ fn with_models(upstream: &Upstream, profile: Profile) -> Profile {
             .max_output
             .or(known.as_ref().map(|k| k.max_output))
             .unwrap_or_else(|| profile.output_without_max_tokens(None));
-        let price = m.price.or(known.and_then(|k| k.price));
+        let price = m.price.or_else(|| profile.price_of(&m.name));
         for name in std::iter::once(&m.name).chain(&m.aliases) {
             table.retain(|entry| entry.name != name.as_str());
             table.push(Model::new(name.clone(), max_output, price));
@@ -503,6 +507,7 @@ impl Shared {
                 real_key,
                 metrics: UpstreamMetrics::new(&u.name),
                 keys: Mutex::new(HashSet::new()),
+                choosing: std::sync::atomic::AtomicU64::new(0),
             }));
         }
         let tenant_header = match &config.tenants.from {
@@ -588,7 +593,8 @@ impl Shared {
     /// Carries the levels of the logical key `key` over to this configuration, once: through
     /// every configuration since the first, each store key the key had starts from its limits
     /// there, never above what the one before held (per currency, the least its windows held),
-    /// so that no reload can refill anybody's windows (a key whose limits went back to the
+    /// unless that one was full (it spent nothing to refill), so that no reload can refill
+    /// anybody's windows (a key whose limits went back to the
     /// first configuration's is stored as it was, and starts from what the last one held).
     /// Answers whether anything was carried.
     pub(crate) async fn carry(&self, key: &str) -> bool {
@@ -638,6 +644,17 @@ impl Shared {
                 tracing::warn!(%key, "reload: the store did not answer; the key starts full");
                 continue;
             };
+            // A key full at its old limits spent nothing there (or never existed: a tenant
+            // named first by this configuration): it starts full at its new ones, as it
+            // would after a long enough rest. Only what was spent is carried.
+            let full = held
+                .windows()
+                .iter()
+                .all(|w| w.tokens.whole() >= i128::from(w.rate.burst()));
+            if full {
+                moved = true;
+                continue;
+            }
             for currency in Currency::ALL {
                 if let (Some(level), false) = (held.least(currency), now.of(currency).is_empty()) {
                     let left = u64::try_from(level.whole().max(0)).unwrap_or(0);

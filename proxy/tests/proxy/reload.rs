@@ -123,6 +123,33 @@ async fn a_lowered_limit_holds_at_once_and_a_raised_one_gives_only_its_new_room(
     assert_eq!(passing(running.addr, &team, 1).await, 0);
 }
 
+/// A tier raised by a reload: a tenant that had spent from it keeps only what it held, and a
+/// tenant that had not (or never called) starts full at the new limits: it spent nothing a
+/// reload could refill. (A reviewer's tenant in a new $10/d tier started at the old default
+/// tier's $0.01.)
+#[tokio::test]
+async fn a_tenant_that_spent_nothing_starts_full_at_its_raised_limits() {
+    let upstream = Scripted::start(|_, _| json_response(200, &[], &chat_answer(3, 2))).await;
+    let url = upstream.url();
+    let (spent, idle) = ([("x-team", "spent")], [("x-team", "idle")]);
+    let running = Proxy::bind(config("reload-f", &url, "100/h", "3/h", &[]))
+        .await
+        .unwrap()
+        .spawn();
+    assert_eq!(passing(running.addr, &spent, 1).await, 1);
+    running
+        .reloader
+        .reload(config("reload-f", &url, "100/h", "10/h", &[]))
+        .await
+        .unwrap();
+    assert_eq!(passing(running.addr, &spent, 5).await, 2, "it held 2 of 3");
+    assert_eq!(
+        passing(running.addr, &idle, 12).await,
+        10,
+        "it held all of 3"
+    );
+}
+
 #[tokio::test]
 async fn a_configuration_that_cannot_be_used_is_refused_and_the_one_in_force_stays() {
     let upstream = Scripted::start(|_, _| json_response(200, &[], &chat_answer(3, 2))).await;
