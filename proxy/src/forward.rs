@@ -292,7 +292,18 @@ impl Sending<'_> {
             match attempts.admit_now().await {
                 Ok(call) => return Ok((member, call)),
                 Err(tollgate::Error::Timeout { needed, .. }) => {
-                    let wait = needed.unwrap_or(Duration::MAX);
+                    // Without `needed`, the store's answer came too late for "now" (a round
+                    // trip to a busy Redis): the member may well have room, and is as good a
+                    // choice as any. (Read as never, it sent the call to a member that had
+                    // none, and a fleet's test saw 429s with a member free.) Calls that chose
+                    // the member a moment ago and are still on their way to its line wait
+                    // ahead of this one too: in a burst every call asks before any joins, and
+                    // without them most of a burst chose the same member.
+                    let ahead = member.choosing.load(std::sync::atomic::Ordering::Acquire);
+                    let wait = needed.unwrap_or(Duration::ZERO).saturating_add(
+                        call_time(&member, attempts)
+                            .saturating_mul(u32::try_from(ahead).unwrap_or(u32::MAX)),
+                    );
                     if best.as_ref().is_none_or(|(_, b)| wait < *b) {
                         best = Some((member, wait));
                     }
@@ -311,9 +322,56 @@ impl Sending<'_> {
             self.model(attempts, member.family),
         );
         attempts.switch(&member.gate, key);
-        let call = attempts.admit().await?;
+        let call = {
+            let _choosing = Choosing::new(&member);
+            attempts.admit().await?
+        };
         Ok((member, call))
     }
+}
+
+/// A call that chose a pool member to wait for, counted until it is admitted (or gives up).
+struct Choosing<'a>(&'a ReadyUpstream);
+
+impl<'a> Choosing<'a> {
+    fn new(member: &'a ReadyUpstream) -> Choosing<'a> {
+        member
+            .choosing
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Choosing(member)
+    }
+}
+
+impl Drop for Choosing<'_> {
+    fn drop(&mut self) {
+        self.0
+            .choosing
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// How long `member`'s windows take to refill what the call in `attempts` costs there: what
+/// each call ahead of it in the member's line adds to its wait.
+fn call_time(member: &ReadyUpstream, attempts: &Attempts) -> Duration {
+    let estimated = attempts.estimated();
+    let Some(limits) = member.gate.configured_limits(estimated.key()) else {
+        return Duration::ZERO;
+    };
+    let Ok(cost) = member.gate.cost_of(estimated, Some(limits)) else {
+        return Duration::ZERO;
+    };
+    tollgate::Currency::ALL
+        .into_iter()
+        .flat_map(|currency| {
+            let amount = cost.of(currency);
+            limits.of(currency).as_slice().iter().map(move |rate| {
+                let nanos = u128::from(amount) * u128::from(rate.period_nanos())
+                    / u128::from(rate.amount().max(1));
+                Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+            })
+        })
+        .max()
+        .unwrap_or(Duration::ZERO)
 }
 
 /// Sends a metered request: each attempt pays its toll, goes out, and is delivered metered,
