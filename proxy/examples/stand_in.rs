@@ -4,6 +4,8 @@
 //! cargo run -p tollgate-proxy --example stand_in            # OpenAI-style, 60 requests and
 //!                                                          # 20,000 tokens per 10 s
 //! cargo run -p tollgate-proxy --example stand_in anthropic  # Anthropic-style
+//! cargo run -p tollgate-proxy --example stand_in openai 30 10000 10   # 30 requests and
+//!                                                          # 10,000 tokens per 10 s
 //! tollgate-proxy --upstream http://127.0.0.1:PORT --profile openai --requests 60/10s --tokens 20000/10s
 //! ```
 //!
@@ -16,10 +18,18 @@ use tollgate_testkit::provider::{Options, Provider};
 
 #[tokio::main]
 async fn main() {
-    let period = Duration::from_secs(10);
-    let options = match std::env::args().nth(1).as_deref() {
-        Some("anthropic") => Options::anthropic(60, 20_000, 8_000, period),
-        _ => Options::openai(60, 20_000, period),
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let number = |i: usize, default: u64| {
+        args.get(i).map_or(default, |a| {
+            a.parse()
+                .unwrap_or_else(|_| panic!("`{a}` is not a whole number"))
+        })
+    };
+    let (requests, tokens) = (number(1, 60), number(2, 20_000));
+    let period = Duration::from_secs(number(3, 10));
+    let options = match args.first().map(String::as_str) {
+        Some("anthropic") => Options::anthropic(requests, tokens, 8_000, period),
+        _ => Options::openai(requests, tokens, period),
     };
     let stand_in = Provider::start_with(options).await;
     println!("stand-in listening on http://{}", stand_in.addr);
