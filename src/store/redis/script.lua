@@ -73,6 +73,149 @@ local FLIGHT_LEASE = {{FLIGHT_LEASE_MS}}
 local SKEW = {{SEND_SKEW_MS}}
 local NC = 4
 
+-- The fast path: an acquire that passes at once, on a key where nobody waits, no pause is in
+-- force, nothing is pending and no call in flight is remembered, and that is not itself a call
+-- to fly. It answers before the rest of the script is set up (that setup, the helpers and the
+-- reading of every field, is most of an acquire's time), and only where the full path below
+-- would answer the same: 'ok', the same levels, the same time and the same expiry. Anything
+-- else (an argument or a stored field the full path would refuse, a conflict, a window that
+-- can't pay, a window in debt, something pending, a shadow, a pause, a ledger of calls in
+-- flight, a call to fly, more than four windows) makes it answer nil, and the full path
+-- decides.
+--
+-- What it reads instead of the queue: every ticket costs something (a cost of nothing is
+-- refused) and is counted in pq1..pq4 while it waits, so a key with nothing pending has nobody
+-- waiting; the full path would find no ticket to expire and no shadow to charge. (A queue
+-- entry whose ticket record is gone, which only an eviction can leave, changes no decision:
+-- the full path drops it unread.) The ledger of calls in flight (fn, ff, fa, cv, c1..c4,
+-- k1..k4) is written and deleted as one, so fn alone says whether there is one. The fields it
+-- does not write are the ones the full path would write unchanged, or as the value their
+-- absence reads as (p and pq1..pq4 as 0); the queue, which holds nobody, needs no expiry.
+-- tests/redis/differential.rs checks this path against the rule book on traces through both
+-- paths, and that it answers where it should.
+local function fast_acquire()
+  -- Each integer is checked as int() below checks it, written out where it is used (a call to
+  -- a Lua function costs as much as the check).
+  local tonumber = tonumber
+  local v
+  local k = tonumber(ARGV[4])
+  -- Keys of more than four windows take the full path.
+  if not (k and k >= 1 and k <= 4 and k % 1 == 0) then return nil end
+  v = tonumber(ARGV[5])
+  if not (v and v >= 0 and v <= 4000000000000 and v % 1 == 0) then return nil end
+  local a = 5 + k * 4
+  local cost = {}
+  for c = 1, NC do
+    v = tonumber(ARGV[a + c])
+    if not (v and v >= 0 and v <= MAX and v % 1 == 0) then return nil end
+    cost[c] = v
+  end
+  if cost[1] + cost[2] + cost[3] + cost[4] == 0 then return nil end
+  -- The wait allowed (unused: a call that passes at once waits for nothing, but an argument
+  -- the full path refuses is refused), and whether to fly: a call to fly is remembered in the
+  -- ledger, the full path's. (Where a check here is stricter than the full path's, as this one
+  -- on the text "0", the full path answers instead: never a different answer.)
+  v = ARGV[a + NC + 1]
+  if v ~= '-1' and v ~= '0' then
+    v = tonumber(v)
+    if not (v and v >= -1 and v <= MAX and v % 1 == 0) then return nil end
+  end
+  if ARGV[a + NC + 2] ~= '0' then return nil end
+  local got = redis.call('HMGET', KEYS[1], 'sig', 't', 'p', 'st', 'fn', 'pq1', 'pq2', 'pq3',
+    'pq4', 'l1', 'l2', 'l3', 'l4')
+  -- A conflict, a shadow (someone waits), or a ledger of calls in flight: the full path's.
+  if got[1] and got[1] ~= ARGV[2] or got[4] or got[5] then return nil end
+  for j = 6, 9 do
+    -- Something pending is the full path's (store() writes an amount of 0 as "0").
+    if got[j] and got[j] ~= '0' then return nil end
+  end
+  local now
+  if ARGV[3] ~= '' then
+    now = tonumber(ARGV[3])
+    if not (now and now >= 0 and now <= 4000000000000000 and now % 1 == 0) then return nil end
+  else
+    local time = redis.call('TIME')
+    now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  end
+  local last = now
+  if got[2] then
+    last = tonumber(got[2])
+    if not (last and last >= 0 and last <= 4000000000000000 and last % 1 == 0) then
+      return nil
+    end
+    if now < last then now = last end
+  end
+  local paused_until = 0
+  if got[3] and got[3] ~= '0' then
+    paused_until = tonumber(got[3])
+    if not (paused_until and paused_until >= 0 and paused_until <= MAX
+      and paused_until % 1 == 0 and paused_until <= now) then
+      return nil
+    end
+  end
+  local elapsed = now - last
+  -- The key lives until its windows would be full again, as store() below says.
+  local expire_ms = paused_until - now
+  local lv = {}
+  for i = 1, k do
+    local b = 1 + i * 4
+    local cur, scale, rate, cap = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]),
+      tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
+    if not (cur and cur >= 1 and cur <= NC and cur % 1 == 0
+      and scale and scale >= 1 and scale <= MAX_CAP and scale % 1 == 0
+      and rate and rate >= 1 and rate <= MAX_CAP and rate % 1 == 0
+      and cap and cap >= 1 and cap <= MAX_CAP and cap % 1 == 0
+      and cap % scale == 0 and cost[cur] * scale <= cap) then
+      return nil
+    end
+    local level = cap
+    if got[9 + i] then
+      level = tonumber(got[9 + i])
+      if not (level and level >= -DEBT * cap and level <= cap and level % 1 == 0) then
+        return nil
+      end
+    end
+    -- Refilled and saturated, as refill() below; then charged, as charge() below (a cost within
+    -- the burst, on a level that can pay it, needs no clamp).
+    local room = cap - level
+    if room <= 0 or rate * elapsed >= room then
+      level = cap
+    else
+      level = level + rate * elapsed
+    end
+    level = level - cost[cur] * scale
+    if level < 0 then return nil end
+    lv[i] = level
+    room = cap - level
+    if room > 0 then
+      -- ceil(room / rate), exact as ceil_div below.
+      local q = math.floor(room / rate)
+      if q * rate < room then q = q + 1 end
+      if q > 0 and (q - 1) * rate >= room then q = q - 1 end
+      if q > expire_ms then expire_ms = q end
+    end
+  end
+  -- Numbers passed to a command are written as %.17g writes them: every integer below 2^53
+  -- in full, as fmt() below writes it (and sooner than string.format).
+  if k == 1 then
+    redis.call('HSET', KEYS[1], 'sig', ARGV[2], 't', now, 'l1', lv[1])
+  elseif k == 2 then
+    redis.call('HSET', KEYS[1], 'sig', ARGV[2], 't', now, 'l1', lv[1], 'l2', lv[2])
+  elseif k == 3 then
+    redis.call('HSET', KEYS[1], 'sig', ARGV[2], 't', now, 'l1', lv[1], 'l2', lv[2], 'l3', lv[3])
+  else
+    redis.call('HSET', KEYS[1], 'sig', ARGV[2], 't', now, 'l1', lv[1], 'l2', lv[2], 'l3', lv[3],
+      'l4', lv[4])
+  end
+  redis.call('PEXPIRE', KEYS[1], expire_ms + 1)
+  return {'ok', now, 'fast'}
+end
+
+if ARGV[1] == 'acquire' then
+  local answered = fast_acquire()
+  if answered then return answered end
+end
+
 -- A fresh list of NC zeros.
 local function zeros()
   local z = {}
@@ -103,6 +246,7 @@ end
 local function fmt(v)
   return string.format('%.0f', v)
 end
+
 
 local op = ARGV[1]
 local sig = ARGV[2]
@@ -598,6 +742,9 @@ if op == 'acquire' then
   for i = 1, k do
     if cost[w[i].cur] > w[i].burst then return fail('bad cost or max wait') end
   end
+  -- A cost of nothing is refused (as the rule book refuses it): so every ticket counts in what
+  -- is pending, and a key with nothing pending has nobody waiting (what the fast path reads).
+  if cost[1] + cost[2] + cost[3] + cost[4] == 0 then return fail('a cost of nothing') end
   expire_head()
   if now >= paused_until and wait_all(levels, pq, cost) == 0 then
     charge(levels, cost)
