@@ -41,8 +41,10 @@ pub async fn redis_apply_at(
 /// Which part of the Redis script answered an operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ScriptPath {
-    /// The fast path: an acquire that passed at once on a key where nobody waits, no pause is
-    /// in force and no call in flight is remembered, and that was not itself a call to fly.
+    /// A fast path: an acquire that passed at once on a key where nobody waits, no pause is
+    /// in force and no call in flight is remembered, and that was not itself a call to fly; or
+    /// the holder of the ticket first in line asking (not to fly) on such a key, admitted or
+    /// told when it can pass.
     Fast,
     /// The full script.
     Full,

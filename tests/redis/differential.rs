@@ -18,7 +18,10 @@
 //! no calls in flight remembered, not a call to fly) by a fast path of its own, and everything
 //! else by the full script. The traces go through both, and through keys that turn quiet and
 //! busy again; the test checks that the fast path answers only where the rule book was quiet
-//! and admitted the call, and that each path answered often enough to have been tested.
+//! and admitted the call, and that each path answered often enough to have been tested. Likewise
+//! the holder of the ticket first in line asking (not to fly, on a key without a pause or calls
+//! in flight): its fast path admits it or says when it can pass, and the full path answers the
+//! rest.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -300,16 +303,32 @@ fn the_script_answers_every_operation_exactly_as_the_rule_book() {
                         context()
                     );
                 }
-                // The fast path answers only a call that passes at once on a quiet key, and
+                // The fast paths answer only a call that passes at once on a quiet key, or the
+                // first in line (admitted, or told when it can pass: never behind anyone), and
                 // never a call to fly.
                 if path == ScriptPath::Fast {
+                    let fits = match op {
+                        Op::Acquire { fly: false, .. } => {
+                            quiet && matches!(expected, Ok(Outcome::Admitted))
+                        }
+                        Op::Admit { fly: false, .. } => {
+                            matches!(expected, Ok(Outcome::Admitted | Outcome::NotYet(_)))
+                        }
+                        _ => false,
+                    };
                     assert!(
-                        quiet
-                            && matches!(op, Op::Acquire { fly: false, .. })
-                            && matches!(expected, Ok(Outcome::Admitted)),
+                        fits,
                         "{}: the fast path answered, the rule book {expected:?} (quiet: {quiet})",
                         context()
                     );
+                }
+                if let Op::Admit { .. } = op {
+                    let which = match (path, &expected) {
+                        (ScriptPath::Fast, Ok(Outcome::Admitted)) => "admit passed, fast path",
+                        (ScriptPath::Fast, _) => "admit not yet, fast path",
+                        (ScriptPath::Full, _) => "admit, full path",
+                    };
+                    *seen.entry(which).or_default() += 1;
                 }
                 if let Op::Acquire { .. } = op {
                     let which = match (path, &expected) {
@@ -419,6 +438,9 @@ fn the_script_answers_every_operation_exactly_as_the_rule_book() {
                 "acquire admitted, full path",
                 "acquire not admitted, full path",
                 "acquire on a quiet key, full path",
+                "admit passed, fast path",
+                "admit not yet, fast path",
+                "admit, full path",
                 "admitted",
                 "flying",
                 "queued",

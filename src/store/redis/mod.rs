@@ -307,8 +307,9 @@ impl RedisStore {
             .map(|(outcome, now_ms, _)| (outcome, now_ms))
     }
 
-    /// [`apply_at`](RedisStore::apply_at), answering also whether the script's fast path
-    /// answered (an acquire that passed at once on a key where nobody waits).
+    /// [`apply_at`](RedisStore::apply_at), answering also whether one of the script's fast
+    /// paths answered (an acquire that passed at once on a key where nobody waits, or the
+    /// first in line asking).
     pub(crate) async fn apply_traced(
         &self,
         key: &RedisKey,
@@ -328,7 +329,10 @@ impl RedisStore {
             other => other?,
         };
         let now_ms = reply.now_ms();
-        let fast = matches!(reply, Reply::Ok { fast: true, .. });
+        let fast = matches!(
+            reply,
+            Reply::Ok { fast: true, .. } | Reply::Wait { fast: true, .. }
+        );
         let ms = Duration::from_millis;
         let outcome = match (op, reply) {
             (Op::Snapshot, Reply::Levels { levels, .. }) => Outcome::Snapshot(

@@ -211,8 +211,174 @@ local function fast_acquire()
   return {'ok', now, 'fast'}
 end
 
+-- The fast path of an admission: the holder of the ticket first in line asks, not to fly, on a
+-- key with no pause in force and no ledger of calls in flight. Nothing is ahead of it, so
+-- the full path would look at no other ticket: it passes if every window can pay (charged,
+-- its ticket forgotten), else it hears exactly when it can (its lease renewed past then). As
+-- for the acquire above, anything else (an argument or a field the full path would refuse, a
+-- ticket gone, lapsed or not first, a pause, a ledger, a call to fly, more than four windows)
+-- answers nil and the full path decides.
+local function fast_admit()
+  local tonumber = tonumber
+  local v
+  local k = tonumber(ARGV[4])
+  if not (k and k >= 1 and k <= 4 and k % 1 == 0) then return nil end
+  local lease = tonumber(ARGV[5])
+  if not (lease and lease >= 0 and lease <= 4000000000000 and lease % 1 == 0) then
+    return nil
+  end
+  local a = 5 + k * 4
+  -- The ticket's number as the full path writes it (digits only), and not to fly.
+  local idtext = ARGV[a + 1]
+  if ARGV[a + 2] ~= '0' or not string.find(idtext, '^[1-9]%d*$') then return nil end
+  v = tonumber(idtext)
+  if not (v and v <= MAX) then return nil end
+  local got = redis.call('HMGET', KEYS[1], 'sig', 't', 'p', 'fn', 'pq1', 'pq2', 'pq3', 'pq4',
+    'l1', 'l2', 'l3', 'l4', 'q' .. idtext, 'ql')
+  if got[1] and got[1] ~= ARGV[2] or got[4] or not got[13] then return nil end
+  -- The ticket: "due lease requests tokens output_tokens spend", as encode_ticket() writes it.
+  local due, until_ms, c1, c2, c3, c4 = string.match(got[13],
+    '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+  if not c4 then return nil end
+  until_ms = tonumber(until_ms)
+  local cost = {tonumber(c1), tonumber(c2), tonumber(c3), tonumber(c4)}
+  local pq = {}
+  for c = 1, NC do
+    v = got[4 + c]
+    if v then
+      v = tonumber(v)
+      if not (v and v >= 0 and v <= MAX and v % 1 == 0) then return nil end
+    else
+      v = 0
+    end
+    pq[c] = v
+  end
+  local now
+  if ARGV[3] ~= '' then
+    now = tonumber(ARGV[3])
+    if not (now and now >= 0 and now <= 4000000000000000 and now % 1 == 0) then return nil end
+  else
+    local time = redis.call('TIME')
+    now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  end
+  local last = now
+  if got[2] then
+    last = tonumber(got[2])
+    if not (last and last >= 0 and last <= 4000000000000000 and last % 1 == 0) then
+      return nil
+    end
+    if now < last then now = last end
+  end
+  local paused_until = 0
+  if got[3] and got[3] ~= '0' then
+    paused_until = tonumber(got[3])
+    if not (paused_until and paused_until >= 0 and paused_until <= MAX
+      and paused_until % 1 == 0 and paused_until <= now) then
+      return nil
+    end
+  end
+  -- Lapsed (the full path forgets it), or not first in line (the full path looks at those
+  -- ahead).
+  if until_ms < now then return nil end
+  local head = redis.call('ZRANGE', KEYS[2], 0, 0)
+  if head[1] ~= idtext then return nil end
+  local elapsed = now - last
+  local lv, rates, caps, wait = {}, {}, {}, 0
+  for i = 1, k do
+    local b = 1 + i * 4
+    local cur, scale, rate, cap = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]),
+      tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
+    if not (cur and cur >= 1 and cur <= NC and cur % 1 == 0
+      and scale and scale >= 1 and scale <= MAX_CAP and scale % 1 == 0
+      and rate and rate >= 1 and rate <= MAX_CAP and rate % 1 == 0
+      and cap and cap >= 1 and cap <= MAX_CAP and cap % 1 == 0
+      and cap % scale == 0 and cost[cur] * scale <= cap) then
+      return nil
+    end
+    local level = cap
+    if got[8 + i] then
+      level = tonumber(got[8 + i])
+      if not (level and level >= -DEBT * cap and level <= cap and level % 1 == 0) then
+        return nil
+      end
+    end
+    -- Refilled, as refill() below; what it lacks for the ticket, as wait_for() below (a cost
+    -- within the burst needs no cap).
+    local room = cap - level
+    if room <= 0 or rate * elapsed >= room then
+      level = cap
+    else
+      level = level + rate * elapsed
+    end
+    local needed = cost[cur] * scale
+    if level < needed then
+      local q = math.floor((needed - level) / rate)
+      if q * rate < needed - level then q = q + 1 end
+      if q > 0 and (q - 1) * rate >= needed - level then q = q - 1 end
+      if q > wait then wait = q end
+    end
+    lv[i], rates[i], caps[i] = level, rate, cap
+    lv[k + i] = needed
+  end
+  local reply
+  if wait == 0 then
+    -- It passes: charged (as charge() below: within the burst, on levels that can pay), and
+    -- forgotten (as forget_ticket() below).
+    for i = 1, k do lv[i] = lv[i] - lv[k + i] end
+    redis.call('ZREM', KEYS[2], idtext)
+    redis.call('HDEL', KEYS[1], 'q' .. idtext)
+    for c = 1, NC do
+      pq[c] = pq[c] - cost[c]
+      if pq[c] < 0 then pq[c] = 0 end
+    end
+    reply = {'ok', now, 'fast'}
+  else
+    -- Not yet: its lease runs past when it can pass, as the full path renews it.
+    local ready = now + wait
+    if ready + lease > until_ms then
+      redis.call('HSET', KEYS[1], 'q' .. idtext, string.format('%s %.0f %s %s %s %s', due,
+        ready + lease, c1, c2, c3, c4))
+      local ql = tonumber(got[14] or 0)
+      if ready + lease > ql then
+        got[14] = ready + lease
+        redis.call('HSET', KEYS[1], 'ql', string.format('%.0f', ready + lease))
+      end
+    end
+    reply = {'wait', wait, now, 'fast'}
+  end
+  -- Written back as store() below writes them, and the same expiry.
+  local out = {'sig', ARGV[2], 't', now, 'p', paused_until, 'pq1', pq[1], 'pq2', pq[2], 'pq3',
+    pq[3], 'pq4', pq[4]}
+  local expire_ms = paused_until - now
+  for i = 1, k do
+    out[#out + 1] = 'l' .. i
+    out[#out + 1] = lv[i]
+    local room = caps[i] - lv[i]
+    if room > 0 then
+      local q = math.floor(room / rates[i])
+      if q * rates[i] < room then q = q + 1 end
+      if q > 0 and (q - 1) * rates[i] >= room then q = q - 1 end
+      if q > expire_ms then expire_ms = q end
+    end
+  end
+  redis.call('HSET', KEYS[1], unpack(out))
+  local queued = redis.call('ZCARD', KEYS[2])
+  if queued == 0 then
+    redis.call('HDEL', KEYS[1], 'st')
+  else
+    local ql = tonumber(got[14] or 0)
+    if ql - now > expire_ms then expire_ms = ql - now end
+  end
+  redis.call('PEXPIRE', KEYS[1], expire_ms + 1)
+  redis.call('PEXPIRE', KEYS[2], expire_ms + 1)
+  return reply
+end
+
 if ARGV[1] == 'acquire' then
   local answered = fast_acquire()
+  if answered then return answered end
+elseif ARGV[1] == 'admit' then
+  local answered = fast_admit()
   if answered then return answered end
 end
 

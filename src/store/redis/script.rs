@@ -208,6 +208,8 @@ pub(super) enum Reply {
     Wait {
         millis: u64,
         now_ms: u64,
+        /// Answered by the script's fast path (the first in line, asking too early).
+        fast: bool,
     },
     Behind {
         millis: u64,
@@ -323,6 +325,7 @@ pub(super) fn parse_reply(value: Value) -> Option<Reply> {
         "wait" => Reply::Wait {
             millis: uint(1)?,
             now_ms: uint(2)?,
+            fast: items.get(3).and_then(as_text).is_some_and(|t| t == "fast"),
         },
         "behind" => Reply::Behind {
             millis: uint(1)?,
