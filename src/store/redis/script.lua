@@ -96,7 +96,7 @@ local NC = 4
 local function fast_acquire()
   -- Each integer is checked as int() below checks it, written out where it is used (a call to
   -- a Lua function costs as much as the check).
-  local tonumber = tonumber
+  local tonumber, floor = tonumber, math.floor
   local v
   local k = tonumber(ARGV[4])
   -- Keys of more than four windows take the full path.
@@ -104,13 +104,14 @@ local function fast_acquire()
   v = tonumber(ARGV[5])
   if not (v and v >= 0 and v <= 4000000000000 and v % 1 == 0) then return nil end
   local a = 5 + k * 4
-  local cost = {}
-  for c = 1, NC do
-    v = tonumber(ARGV[a + c])
-    if not (v and v >= 0 and v <= MAX and v % 1 == 0) then return nil end
-    cost[c] = v
+  -- The cost, per currency (no table: this path counts its allocations).
+  local c1, c2, c3, c4 = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
+    tonumber(ARGV[a + 4])
+  if not (c1 and c1 >= 0 and c1 <= MAX and c1 % 1 == 0 and c2 and c2 >= 0 and c2 <= MAX
+    and c2 % 1 == 0 and c3 and c3 >= 0 and c3 <= MAX and c3 % 1 == 0 and c4 and c4 >= 0
+    and c4 <= MAX and c4 % 1 == 0) or c1 + c2 + c3 + c4 == 0 then
+    return nil
   end
-  if cost[1] + cost[2] + cost[3] + cost[4] == 0 then return nil end
   -- The wait allowed (unused: a call that passes at once waits for nothing, but an argument
   -- the full path refuses is refused), and whether to fly: a call to fly is remembered in the
   -- ledger, the full path's. (Where a check here is stricter than the full path's, as this one
@@ -135,7 +136,7 @@ local function fast_acquire()
     if not (now and now >= 0 and now <= 4000000000000000 and now % 1 == 0) then return nil end
   else
     local time = redis.call('TIME')
-    now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+    now = tonumber(time[1]) * 1000 + floor(tonumber(time[2]) / 1000)
   end
   local last = now
   if got[2] then
@@ -165,9 +166,11 @@ local function fast_acquire()
       and scale and scale >= 1 and scale <= MAX_CAP and scale % 1 == 0
       and rate and rate >= 1 and rate <= MAX_CAP and rate % 1 == 0
       and cap and cap >= 1 and cap <= MAX_CAP and cap % 1 == 0
-      and cap % scale == 0 and cost[cur] * scale <= cap) then
+      and cap % scale == 0) then
       return nil
     end
+    local needed = scale * (cur == 1 and c1 or cur == 2 and c2 or cur == 3 and c3 or c4)
+    if needed > cap then return nil end
     local level = cap
     if got[9 + i] then
       level = tonumber(got[9 + i])
@@ -183,13 +186,13 @@ local function fast_acquire()
     else
       level = level + rate * elapsed
     end
-    level = level - cost[cur] * scale
+    level = level - needed
     if level < 0 then return nil end
     lv[i] = level
     room = cap - level
     if room > 0 then
       -- ceil(room / rate), exact as ceil_div below.
-      local q = math.floor(room / rate)
+      local q = floor(room / rate)
       if q * rate < room then q = q + 1 end
       if q > 0 and (q - 1) * rate >= room then q = q - 1 end
       if q > expire_ms then expire_ms = q end
