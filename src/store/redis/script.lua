@@ -610,6 +610,13 @@ end
 
 local function decode_ticket(id, data)
   if not data then return nil end
+  -- A record as encode_ticket() writes it, in one match (a queue's records are read by the
+  -- dozen: a ticket asking reads up to SCAN_AHEAD, a new plan all of them).
+  local due, until_ms, c1, c2, c3, c4 = string.match(data, '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+  if c4 then
+    return {id = id, due = tonumber(due), lease = tonumber(until_ms),
+      cost = {tonumber(c1), tonumber(c2), tonumber(c3), tonumber(c4)}}
+  end
   local f = {}
   for part in string.gmatch(data, '%S+') do
     f[#f + 1] = tonumber(part)
