@@ -932,6 +932,11 @@ if op == 'acquire' then
     return went(cost, flying == 1)
   end
   local at, lv = shadow()
+  -- The schedule as it stands, kept as of its own time (as the rule book keeps it): moved on to
+  -- now, a correction added to it later (apply) would meet a level refilled up to the capacity
+  -- that, as of its time, it would still have refilled past.
+  local planned = {}
+  for i = 1, k do planned[i] = lv[i] end
   local start = at
   if now > start then start = now end
   if paused_until > start then start = paused_until end
@@ -941,7 +946,7 @@ if op == 'acquire' then
   if max_wait >= 0 and due - now > max_wait then
     store()
     if queued > 0 then
-      save_shadow(start, lv)
+      save_shadow(at, planned)
     end
     return {'wait', due - now, now}
   end
