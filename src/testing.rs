@@ -5,6 +5,7 @@
 //!   be compared with the memory store's on the same trace) and answers the server time an
 //!   operation used (so that a test can check the window bound on the server's clock).
 //! - [`Recording`] is a Redis store that keeps the server time of every admission.
+//! - [`redis_apply_traced`] does the same and says whether the script's fast path answered.
 //! - [`redis_names`] gives the names a key has in Redis.
 //! - [`RuleBook`] runs the rule book every store follows (what the memory store runs, what the
 //!   Redis script ports) on one key at explicit times, with the script's ticket lease: the
@@ -35,6 +36,35 @@ pub async fn redis_apply_at(
     now_ms: Option<u64>,
 ) -> Result<(Outcome, u64), Error> {
     store.apply_at(key, op, now_ms).await
+}
+
+/// Which part of the Redis script answered an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScriptPath {
+    /// A fast path: an acquire that passed at once on a key where nobody waits, no pause is
+    /// in force and no call in flight is remembered, and that was not itself a call to fly; or
+    /// the holder of the ticket first in line asking (not to fly) on such a key, admitted or
+    /// told when it can pass.
+    Fast,
+    /// The full script.
+    Full,
+}
+
+/// [`redis_apply_at`], answering also which part of the script answered: what a differential
+/// test needs to show that its traces go through both.
+pub async fn redis_apply_traced(
+    store: &RedisStore,
+    key: &RedisKey,
+    op: Op,
+    now_ms: Option<u64>,
+) -> Result<(Outcome, u64, ScriptPath), Error> {
+    let (outcome, now_ms, fast) = store.apply_traced(key, op, now_ms).await?;
+    let path = if fast {
+        ScriptPath::Fast
+    } else {
+        ScriptPath::Full
+    };
+    Ok((outcome, now_ms, path))
 }
 
 /// The Lua script the Redis store runs, as sent to the server (its constants filled in).
@@ -137,6 +167,13 @@ impl RuleBook {
             lease,
             tickets: 0,
         }
+    }
+
+    /// True when nobody waits on the key (every ticket left, if any, has lapsed) and no pause
+    /// is in force at `now`: where an arriving call needs to look at nothing but the windows
+    /// (the Redis script's fast path).
+    pub fn is_quiet(&self, now: Duration) -> bool {
+        self.state.is_quiet(Nanos::from_duration(now))
     }
 
     /// Runs `op` at `now` (time only moves forward: an earlier `now` counts as no time

@@ -654,6 +654,18 @@ impl KeyState {
         self.queue.as_ref().map_or(0, |q| q.tickets.len())
     }
 
+    /// True when nobody waits (every ticket left, if any, lapsed before `now`) and no pause is
+    /// in force at `now`: where an arriving call needs to look at nothing but the windows (the
+    /// Redis script's fast path).
+    #[cfg(feature = "testing")]
+    pub(crate) fn is_quiet(&self, now: Nanos) -> bool {
+        now >= self.paused_until
+            && self
+                .queue
+                .as_ref()
+                .is_none_or(|q| q.tickets.iter().all(|t| t.lease_until < now))
+    }
+
     /// True when the state says nothing a fresh one wouldn't: every window full at `now`, no
     /// pause, nobody waiting, no call in flight. Such a key may be forgotten.
     pub(crate) fn is_idle(&self, limits: &Limits, now: Nanos) -> bool {

@@ -13,13 +13,22 @@
 //!   book's 1, 2, 3: the test maps each to the call that holds it.
 //! - Amounts: the script caps an amount at 66 bursts where the cap already decides, and
 //!   refuses arguments outside its exact range: the test stays inside it.
+//!
+//! The script answers an acquire that passes at once on a quiet key (nobody waiting, no pause,
+//! no calls in flight remembered, not a call to fly) by a fast path of its own, and everything
+//! else by the full script. The traces go through both, and through keys that turn quiet and
+//! busy again; the test checks that the fast path answers only where the rule book was quiet
+//! and admitted the call, and that each path answered often enough to have been tested. Likewise
+//! the holder of the ticket first in line asking (not to fly, on a key without a pause or calls
+//! in flight): its fast path admits it or says when it can pass, and the full path answers the
+//! rest.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use tollgate::store::redis::{RedisConfig, RedisStore};
 use tollgate::store::{Op, Outcome, SyncArgs, Ticket};
-use tollgate::testing::{RuleBook, redis_apply_at};
+use tollgate::testing::{RuleBook, ScriptPath, redis_apply_at, redis_apply_traced};
 use tollgate::{Cost, Currencies, Currency, Error, Limits, PerCurrency, Store};
 use tollgate_testkit::Lcg;
 use tollgate_testkit::redis::RedisServer;
@@ -279,16 +288,60 @@ fn the_script_answers_every_operation_exactly_as_the_rule_book() {
                 now_ms += [0, 0, 1, 3, 20, 250, 1_000, 3_000][rng.below(8) as usize];
                 let (op, call) = operation(&mut rng, limits, &calls);
                 let book_op = to_rule_book(op.clone(), &calls, call);
+                let quiet = book.is_quiet(Duration::from_millis(now_ms));
                 let expected = book.apply(book_op, Duration::from_millis(now_ms));
-                let got = redis_apply_at(&store, &key, op.clone(), Some(now_ms))
-                    .await
-                    .map(|(outcome, _)| outcome);
-                let context = || format!("seed {seed}, step {step}, at {now_ms} ms: {op:?}");
+                let traced = redis_apply_traced(&store, &key, op.clone(), Some(now_ms)).await;
+                let path = traced
+                    .as_ref()
+                    .map_or(ScriptPath::Full, |(_, _, path)| *path);
+                let got = traced.map(|(outcome, _, _)| outcome);
+                let context =
+                    || format!("seed {seed}, step {step}, at {now_ms} ms ({path:?}): {op:?}");
                 if trace == Some(seed) {
                     eprintln!(
                         "{}\n  rule book {expected:?}\n  script    {got:?}",
                         context()
                     );
+                }
+                // The fast paths answer only a call that passes at once on a quiet key, or the
+                // first in line (admitted, or told when it can pass: never behind anyone), and
+                // never a call to fly.
+                if path == ScriptPath::Fast {
+                    let fits = match op {
+                        Op::Acquire { fly: false, .. } => {
+                            quiet && matches!(expected, Ok(Outcome::Admitted))
+                        }
+                        Op::Admit { fly: false, .. } => {
+                            matches!(expected, Ok(Outcome::Admitted | Outcome::NotYet(_)))
+                        }
+                        _ => false,
+                    };
+                    assert!(
+                        fits,
+                        "{}: the fast path answered, the rule book {expected:?} (quiet: {quiet})",
+                        context()
+                    );
+                }
+                if let Op::Admit { .. } = op {
+                    let which = match (path, &expected) {
+                        (ScriptPath::Fast, Ok(Outcome::Admitted)) => "admit passed, fast path",
+                        (ScriptPath::Fast, _) => "admit not yet, fast path",
+                        (ScriptPath::Full, _) => "admit, full path",
+                    };
+                    *seen.entry(which).or_default() += 1;
+                }
+                if let Op::Acquire { .. } = op {
+                    let which = match (path, &expected) {
+                        (ScriptPath::Fast, _) => "acquire, fast path",
+                        (ScriptPath::Full, Ok(Outcome::Admitted | Outcome::Flying(_))) => {
+                            "acquire admitted, full path"
+                        }
+                        (ScriptPath::Full, _) => "acquire not admitted, full path",
+                    };
+                    *seen.entry(which).or_default() += 1;
+                    if quiet && path == ScriptPath::Full {
+                        *seen.entry("acquire on a quiet key, full path").or_default() += 1;
+                    }
                 }
                 let (expected, got) = match (expected, got) {
                     (Err(a), Err(b)) => {
@@ -381,6 +434,13 @@ fn the_script_answers_every_operation_exactly_as_the_rule_book() {
         eprintln!("differential: {compared} answers compared: {seen:?}");
         if sequences() >= 1_000 {
             for kind in [
+                "acquire, fast path",
+                "acquire admitted, full path",
+                "acquire not admitted, full path",
+                "acquire on a quiet key, full path",
+                "admit passed, fast path",
+                "admit not yet, fast path",
+                "admit, full path",
                 "admitted",
                 "flying",
                 "queued",

@@ -302,6 +302,20 @@ impl RedisStore {
         op: Op,
         now_ms: Option<u64>,
     ) -> Result<(Outcome, u64), Error> {
+        self.apply_traced(key, op, now_ms)
+            .await
+            .map(|(outcome, now_ms, _)| (outcome, now_ms))
+    }
+
+    /// [`apply_at`](RedisStore::apply_at), answering also whether one of the script's fast
+    /// paths answered (an acquire that passed at once on a key where nobody waits, or the
+    /// first in line asking).
+    pub(crate) async fn apply_traced(
+        &self,
+        key: &RedisKey,
+        op: Op,
+        now_ms: Option<u64>,
+    ) -> Result<(Outcome, u64, bool), Error> {
         if let Op::Acquire { cost, .. } = op {
             crate::bucket::validate(&key.limits, cost)
                 .map_err(|e| Error::from_bucket(&key.name, cost, e))?;
@@ -310,11 +324,15 @@ impl RedisStore {
         let reply = match self.run(key, &op, now_ms).await {
             Err(err @ Error::Unavailable { .. }) if self.inner.config.fail_open && acquiring => {
                 tracing::warn!(key = %key.name, error = %err, "Redis unavailable; admitting because fail_open is set");
-                return Ok((Outcome::Admitted, 0));
+                return Ok((Outcome::Admitted, 0, false));
             }
             other => other?,
         };
         let now_ms = reply.now_ms();
+        let fast = matches!(
+            reply,
+            Reply::Ok { fast: true, .. } | Reply::Wait { fast: true, .. }
+        );
         let ms = Duration::from_millis;
         let outcome = match (op, reply) {
             (Op::Snapshot, Reply::Levels { levels, .. }) => Outcome::Snapshot(
@@ -351,7 +369,7 @@ impl RedisStore {
                 return Err(self.odd_reply(&format!("{reply:?} to {op:?}")));
             }
         };
-        Ok((outcome, now_ms))
+        Ok((outcome, now_ms, fast))
     }
 
     fn odd_reply(&self, what: &str) -> Error {

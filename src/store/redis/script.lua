@@ -73,6 +73,318 @@ local FLIGHT_LEASE = {{FLIGHT_LEASE_MS}}
 local SKEW = {{SEND_SKEW_MS}}
 local NC = 4
 
+-- The fast path: an acquire that passes at once, on a key where nobody waits, no pause is in
+-- force, nothing is pending and no call in flight is remembered, and that is not itself a call
+-- to fly. It answers before the rest of the script is set up (that setup, the helpers and the
+-- reading of every field, is most of an acquire's time), and only where the full path below
+-- would answer the same: 'ok', the same levels, the same time and the same expiry. Anything
+-- else (an argument or a stored field the full path would refuse, a conflict, a window that
+-- can't pay, a window in debt, something pending, a shadow, a pause, a ledger of calls in
+-- flight, a call to fly, more than four windows) makes it answer nil, and the full path
+-- decides.
+--
+-- What it reads instead of the queue: every ticket costs something (a cost of nothing is
+-- refused) and is counted in pq1..pq4 while it waits, so a key with nothing pending has nobody
+-- waiting; the full path would find no ticket to expire and no shadow to charge. (A queue
+-- entry whose ticket record is gone, which only an eviction can leave, changes no decision:
+-- the full path drops it unread.) The ledger of calls in flight (fn, ff, fa, cv, c1..c4,
+-- k1..k4) is written and deleted as one, so fn alone says whether there is one. The fields it
+-- does not write are the ones the full path would write unchanged, or as the value their
+-- absence reads as (p and pq1..pq4 as 0); the queue, which holds nobody, needs no expiry.
+-- tests/redis/differential.rs checks this path against the rule book on traces through both
+-- paths, and that it answers where it should.
+local function fast_acquire()
+  -- Each integer is checked as int() below checks it, written out where it is used (a call to
+  -- a Lua function costs as much as the check).
+  local tonumber, floor = tonumber, math.floor
+  local v
+  local k = tonumber(ARGV[4])
+  -- Keys of more than four windows take the full path.
+  if not (k and k >= 1 and k <= 4 and k % 1 == 0) then return nil end
+  v = tonumber(ARGV[5])
+  if not (v and v >= 0 and v <= 4000000000000 and v % 1 == 0) then return nil end
+  local a = 5 + k * 4
+  -- The cost, per currency (no table: this path counts its allocations).
+  local c1, c2, c3, c4 = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
+    tonumber(ARGV[a + 4])
+  if not (c1 and c1 >= 0 and c1 <= MAX and c1 % 1 == 0 and c2 and c2 >= 0 and c2 <= MAX
+    and c2 % 1 == 0 and c3 and c3 >= 0 and c3 <= MAX and c3 % 1 == 0 and c4 and c4 >= 0
+    and c4 <= MAX and c4 % 1 == 0) or c1 + c2 + c3 + c4 == 0 then
+    return nil
+  end
+  -- The wait allowed (unused: a call that passes at once waits for nothing, but an argument
+  -- the full path refuses is refused), and whether to fly: a call to fly is remembered in the
+  -- ledger, the full path's. (Where a check here is stricter than the full path's, as this one
+  -- on the text "0", the full path answers instead: never a different answer.)
+  v = ARGV[a + NC + 1]
+  if v ~= '-1' and v ~= '0' then
+    v = tonumber(v)
+    if not (v and v >= -1 and v <= MAX and v % 1 == 0) then return nil end
+  end
+  if ARGV[a + NC + 2] ~= '0' then return nil end
+  local got = redis.call('HMGET', KEYS[1], 'sig', 't', 'p', 'st', 'fn', 'pq1', 'pq2', 'pq3',
+    'pq4', 'l1', 'l2', 'l3', 'l4')
+  -- A conflict, a shadow (someone waits), or a ledger of calls in flight: the full path's.
+  if got[1] and got[1] ~= ARGV[2] or got[4] or got[5] then return nil end
+  for j = 6, 9 do
+    -- Something pending is the full path's (store() writes an amount of 0 as "0").
+    if got[j] and got[j] ~= '0' then return nil end
+  end
+  local now
+  if ARGV[3] ~= '' then
+    now = tonumber(ARGV[3])
+    if not (now and now >= 0 and now <= 4000000000000000 and now % 1 == 0) then return nil end
+  else
+    local time = redis.call('TIME')
+    now = tonumber(time[1]) * 1000 + floor(tonumber(time[2]) / 1000)
+  end
+  local last = now
+  if got[2] then
+    last = tonumber(got[2])
+    if not (last and last >= 0 and last <= 4000000000000000 and last % 1 == 0) then
+      return nil
+    end
+    if now < last then now = last end
+  end
+  local paused_until = 0
+  if got[3] and got[3] ~= '0' then
+    paused_until = tonumber(got[3])
+    if not (paused_until and paused_until >= 0 and paused_until <= MAX
+      and paused_until % 1 == 0 and paused_until <= now) then
+      return nil
+    end
+  end
+  local elapsed = now - last
+  -- The key lives until its windows would be full again, as store() below says.
+  local expire_ms = paused_until - now
+  local lv = {}
+  for i = 1, k do
+    local b = 1 + i * 4
+    local cur, scale, rate, cap = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]),
+      tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
+    if not (cur and cur >= 1 and cur <= NC and cur % 1 == 0
+      and scale and scale >= 1 and scale <= MAX_CAP and scale % 1 == 0
+      and rate and rate >= 1 and rate <= MAX_CAP and rate % 1 == 0
+      and cap and cap >= 1 and cap <= MAX_CAP and cap % 1 == 0
+      and cap % scale == 0) then
+      return nil
+    end
+    local needed = scale * (cur == 1 and c1 or cur == 2 and c2 or cur == 3 and c3 or c4)
+    if needed > cap then return nil end
+    local level = cap
+    if got[9 + i] then
+      level = tonumber(got[9 + i])
+      if not (level and level >= -DEBT * cap and level <= cap and level % 1 == 0) then
+        return nil
+      end
+    end
+    -- Refilled and saturated, as refill() below; then charged, as charge() below (a cost within
+    -- the burst, on a level that can pay it, needs no clamp).
+    local room = cap - level
+    if room <= 0 or rate * elapsed >= room then
+      level = cap
+    else
+      level = level + rate * elapsed
+    end
+    level = level - needed
+    if level < 0 then return nil end
+    lv[i] = level
+    room = cap - level
+    if room > 0 then
+      -- ceil(room / rate), exact as ceil_div below.
+      local q = floor(room / rate)
+      if q * rate < room then q = q + 1 end
+      if q > 0 and (q - 1) * rate >= room then q = q - 1 end
+      if q > expire_ms then expire_ms = q end
+    end
+  end
+  -- Numbers passed to a command are written as %.17g writes them: every integer below 2^53
+  -- in full, as fmt() below writes it (and sooner than string.format).
+  if k == 1 then
+    redis.call('HSET', KEYS[1], 'sig', ARGV[2], 't', now, 'l1', lv[1])
+  elseif k == 2 then
+    redis.call('HSET', KEYS[1], 'sig', ARGV[2], 't', now, 'l1', lv[1], 'l2', lv[2])
+  elseif k == 3 then
+    redis.call('HSET', KEYS[1], 'sig', ARGV[2], 't', now, 'l1', lv[1], 'l2', lv[2], 'l3', lv[3])
+  else
+    redis.call('HSET', KEYS[1], 'sig', ARGV[2], 't', now, 'l1', lv[1], 'l2', lv[2], 'l3', lv[3],
+      'l4', lv[4])
+  end
+  redis.call('PEXPIRE', KEYS[1], expire_ms + 1)
+  return {'ok', now, 'fast'}
+end
+
+-- The fast path of an admission: the holder of the ticket first in line asks, not to fly, on a
+-- key with no pause in force and no ledger of calls in flight. Nothing is ahead of it, so
+-- the full path would look at no other ticket: it passes if every window can pay (charged,
+-- its ticket forgotten), else it hears exactly when it can (its lease renewed past then). As
+-- for the acquire above, anything else (an argument or a field the full path would refuse, a
+-- ticket gone, lapsed or not first, a pause, a ledger, a call to fly, more than four windows)
+-- answers nil and the full path decides.
+local function fast_admit()
+  local tonumber = tonumber
+  local v
+  local k = tonumber(ARGV[4])
+  if not (k and k >= 1 and k <= 4 and k % 1 == 0) then return nil end
+  local lease = tonumber(ARGV[5])
+  if not (lease and lease >= 0 and lease <= 4000000000000 and lease % 1 == 0) then
+    return nil
+  end
+  local a = 5 + k * 4
+  -- The ticket's number as the full path writes it (digits only), and not to fly.
+  local idtext = ARGV[a + 1]
+  if ARGV[a + 2] ~= '0' or not string.find(idtext, '^[1-9]%d*$') then return nil end
+  v = tonumber(idtext)
+  if not (v and v <= MAX) then return nil end
+  local got = redis.call('HMGET', KEYS[1], 'sig', 't', 'p', 'fn', 'pq1', 'pq2', 'pq3', 'pq4',
+    'l1', 'l2', 'l3', 'l4', 'q' .. idtext, 'ql')
+  if got[1] and got[1] ~= ARGV[2] or got[4] or not got[13] then return nil end
+  -- The ticket: "due lease requests tokens output_tokens spend", as encode_ticket() writes it.
+  local due, until_ms, c1, c2, c3, c4 = string.match(got[13],
+    '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+  if not c4 then return nil end
+  until_ms = tonumber(until_ms)
+  local cost = {tonumber(c1), tonumber(c2), tonumber(c3), tonumber(c4)}
+  local pq = {}
+  for c = 1, NC do
+    v = got[4 + c]
+    if v then
+      v = tonumber(v)
+      if not (v and v >= 0 and v <= MAX and v % 1 == 0) then return nil end
+    else
+      v = 0
+    end
+    pq[c] = v
+  end
+  local now
+  if ARGV[3] ~= '' then
+    now = tonumber(ARGV[3])
+    if not (now and now >= 0 and now <= 4000000000000000 and now % 1 == 0) then return nil end
+  else
+    local time = redis.call('TIME')
+    now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  end
+  local last = now
+  if got[2] then
+    last = tonumber(got[2])
+    if not (last and last >= 0 and last <= 4000000000000000 and last % 1 == 0) then
+      return nil
+    end
+    if now < last then now = last end
+  end
+  local paused_until = 0
+  if got[3] and got[3] ~= '0' then
+    paused_until = tonumber(got[3])
+    if not (paused_until and paused_until >= 0 and paused_until <= MAX
+      and paused_until % 1 == 0 and paused_until <= now) then
+      return nil
+    end
+  end
+  -- Lapsed (the full path forgets it), or not first in line (the full path looks at those
+  -- ahead).
+  if until_ms < now then return nil end
+  local head = redis.call('ZRANGE', KEYS[2], 0, 0)
+  if head[1] ~= idtext then return nil end
+  local elapsed = now - last
+  local lv, rates, caps, wait = {}, {}, {}, 0
+  for i = 1, k do
+    local b = 1 + i * 4
+    local cur, scale, rate, cap = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]),
+      tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
+    if not (cur and cur >= 1 and cur <= NC and cur % 1 == 0
+      and scale and scale >= 1 and scale <= MAX_CAP and scale % 1 == 0
+      and rate and rate >= 1 and rate <= MAX_CAP and rate % 1 == 0
+      and cap and cap >= 1 and cap <= MAX_CAP and cap % 1 == 0
+      and cap % scale == 0 and cost[cur] * scale <= cap) then
+      return nil
+    end
+    local level = cap
+    if got[8 + i] then
+      level = tonumber(got[8 + i])
+      if not (level and level >= -DEBT * cap and level <= cap and level % 1 == 0) then
+        return nil
+      end
+    end
+    -- Refilled, as refill() below; what it lacks for the ticket, as wait_for() below (a cost
+    -- within the burst needs no cap).
+    local room = cap - level
+    if room <= 0 or rate * elapsed >= room then
+      level = cap
+    else
+      level = level + rate * elapsed
+    end
+    local needed = cost[cur] * scale
+    if level < needed then
+      local q = math.floor((needed - level) / rate)
+      if q * rate < needed - level then q = q + 1 end
+      if q > 0 and (q - 1) * rate >= needed - level then q = q - 1 end
+      if q > wait then wait = q end
+    end
+    lv[i], rates[i], caps[i] = level, rate, cap
+    lv[k + i] = needed
+  end
+  local reply
+  if wait == 0 then
+    -- It passes: charged (as charge() below: within the burst, on levels that can pay), and
+    -- forgotten (as forget_ticket() below).
+    for i = 1, k do lv[i] = lv[i] - lv[k + i] end
+    redis.call('ZREM', KEYS[2], idtext)
+    redis.call('HDEL', KEYS[1], 'q' .. idtext)
+    for c = 1, NC do
+      pq[c] = pq[c] - cost[c]
+      if pq[c] < 0 then pq[c] = 0 end
+    end
+    reply = {'ok', now, 'fast'}
+  else
+    -- Not yet: its lease runs past when it can pass, as the full path renews it.
+    local ready = now + wait
+    if ready + lease > until_ms then
+      redis.call('HSET', KEYS[1], 'q' .. idtext, string.format('%s %.0f %s %s %s %s', due,
+        ready + lease, c1, c2, c3, c4))
+      local ql = tonumber(got[14] or 0)
+      if ready + lease > ql then
+        got[14] = ready + lease
+        redis.call('HSET', KEYS[1], 'ql', string.format('%.0f', ready + lease))
+      end
+    end
+    reply = {'wait', wait, now, 'fast'}
+  end
+  -- Written back as store() below writes them, and the same expiry.
+  local out = {'sig', ARGV[2], 't', now, 'p', paused_until, 'pq1', pq[1], 'pq2', pq[2], 'pq3',
+    pq[3], 'pq4', pq[4]}
+  local expire_ms = paused_until - now
+  for i = 1, k do
+    out[#out + 1] = 'l' .. i
+    out[#out + 1] = lv[i]
+    local room = caps[i] - lv[i]
+    if room > 0 then
+      local q = math.floor(room / rates[i])
+      if q * rates[i] < room then q = q + 1 end
+      if q > 0 and (q - 1) * rates[i] >= room then q = q - 1 end
+      if q > expire_ms then expire_ms = q end
+    end
+  end
+  redis.call('HSET', KEYS[1], unpack(out))
+  local queued = redis.call('ZCARD', KEYS[2])
+  if queued == 0 then
+    redis.call('HDEL', KEYS[1], 'st')
+  else
+    local ql = tonumber(got[14] or 0)
+    if ql - now > expire_ms then expire_ms = ql - now end
+  end
+  redis.call('PEXPIRE', KEYS[1], expire_ms + 1)
+  redis.call('PEXPIRE', KEYS[2], expire_ms + 1)
+  return reply
+end
+
+if ARGV[1] == 'acquire' then
+  local answered = fast_acquire()
+  if answered then return answered end
+elseif ARGV[1] == 'admit' then
+  local answered = fast_admit()
+  if answered then return answered end
+end
+
 -- A fresh list of NC zeros.
 local function zeros()
   local z = {}
@@ -103,6 +415,7 @@ end
 local function fmt(v)
   return string.format('%.0f', v)
 end
+
 
 local op = ARGV[1]
 local sig = ARGV[2]
@@ -297,6 +610,13 @@ end
 
 local function decode_ticket(id, data)
   if not data then return nil end
+  -- A record as encode_ticket() writes it, in one match (a queue's records are read by the
+  -- dozen: a ticket asking reads up to SCAN_AHEAD, a new plan all of them).
+  local due, until_ms, c1, c2, c3, c4 = string.match(data, '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+  if c4 then
+    return {id = id, due = tonumber(due), lease = tonumber(until_ms),
+      cost = {tonumber(c1), tonumber(c2), tonumber(c3), tonumber(c4)}}
+  end
   local f = {}
   for part in string.gmatch(data, '%S+') do
     f[#f + 1] = tonumber(part)
@@ -598,6 +918,9 @@ if op == 'acquire' then
   for i = 1, k do
     if cost[w[i].cur] > w[i].burst then return fail('bad cost or max wait') end
   end
+  -- A cost of nothing is refused (as the rule book refuses it): so every ticket counts in what
+  -- is pending, and a key with nothing pending has nobody waiting (what the fast path reads).
+  if cost[1] + cost[2] + cost[3] + cost[4] == 0 then return fail('a cost of nothing') end
   expire_head()
   if now >= paused_until and wait_all(levels, pq, cost) == 0 then
     charge(levels, cost)
@@ -609,6 +932,11 @@ if op == 'acquire' then
     return went(cost, flying == 1)
   end
   local at, lv = shadow()
+  -- The schedule as it stands, kept as of its own time (as the rule book keeps it): moved on to
+  -- now, a correction added to it later (apply) would meet a level refilled up to the capacity
+  -- that, as of its time, it would still have refilled past.
+  local planned = {}
+  for i = 1, k do planned[i] = lv[i] end
   local start = at
   if now > start then start = now end
   if paused_until > start then start = paused_until end
@@ -618,7 +946,7 @@ if op == 'acquire' then
   if max_wait >= 0 and due - now > max_wait then
     store()
     if queued > 0 then
-      save_shadow(start, lv)
+      save_shadow(at, planned)
     end
     return {'wait', due - now, now}
   end

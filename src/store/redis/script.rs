@@ -178,6 +178,8 @@ pub(super) fn window_args(command: &mut redis::Cmd, windows: &[Scaled]) {
 pub(super) enum Reply {
     Ok {
         now_ms: u64,
+        /// Answered by the script's fast path (an acquire that passed at once on a quiet key).
+        fast: bool,
     },
     Flying {
         id: u64,
@@ -206,6 +208,8 @@ pub(super) enum Reply {
     Wait {
         millis: u64,
         now_ms: u64,
+        /// Answered by the script's fast path (the first in line, asking too early).
+        fast: bool,
     },
     Behind {
         millis: u64,
@@ -233,7 +237,7 @@ pub(super) enum Reply {
 impl Reply {
     pub(super) fn now_ms(&self) -> u64 {
         match self {
-            Reply::Ok { now_ms }
+            Reply::Ok { now_ms, .. }
             | Reply::Full { now_ms }
             | Reply::Flying { now_ms, .. }
             | Reply::Emptied { now_ms, .. }
@@ -277,7 +281,10 @@ pub(super) fn parse_reply(value: Value) -> Option<Reply> {
     let int = |i: usize| items.get(i).and_then(as_int);
     let uint = |i: usize| int(i).and_then(|n| u64::try_from(n).ok());
     Some(match tag.as_str() {
-        "ok" => Reply::Ok { now_ms: uint(1)? },
+        "ok" => Reply::Ok {
+            now_ms: uint(1)?,
+            fast: items.get(2).and_then(as_text).is_some_and(|t| t == "fast"),
+        },
         "flying" => Reply::Flying {
             id: uint(1)?,
             now_ms: uint(2)?,
@@ -318,6 +325,7 @@ pub(super) fn parse_reply(value: Value) -> Option<Reply> {
         "wait" => Reply::Wait {
             millis: uint(1)?,
             now_ms: uint(2)?,
+            fast: items.get(3).and_then(as_text).is_some_and(|t| t == "fast"),
         },
         "behind" => Reply::Behind {
             millis: uint(1)?,
