@@ -45,6 +45,7 @@ fn prefix(text: &str, bytes: usize) -> String {
 /// The estimators to measure, without their cache, each timed on its first count (which
 /// loads its vocabulary).
 fn estimators() -> Vec<Arc<dyn Estimator>> {
+    #[cfg_attr(not(feature = "huggingface"), allow(unused_mut))]
     let mut made: Vec<Arc<dyn Estimator>> = vec![
         Arc::new(Tiktoken::default()),
         Arc::new(Voyage::new()),
