@@ -108,7 +108,10 @@ fn prompt(c: &mut Criterion) {
         i += 1;
     }
     let text = text.trim_end().to_owned();
+    // The first estimator of the process: making it loads the vocabulary.
+    let started = Instant::now();
     let o200k = Tiktoken::default();
+    eprintln!("loading o200k_base: {:?}", started.elapsed());
     let bpe = bpe_openai::o200k_base();
     assert_eq!(o200k.count(&text), o200k.count_with_tiktoken_rs(&text));
     assert_eq!(o200k.count(&text), bpe.count(text.as_str()));
