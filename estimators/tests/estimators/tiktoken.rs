@@ -175,3 +175,31 @@ fn counts_equal_tiktoken_rs_on_large_texts() {
         }
     }
 }
+
+/// Many more random texts than the suite compares, for a release run:
+/// `cargo test --release -p tollgate-estimators --test estimators -- --ignored many_random`
+/// (`TOLLGATE_RANDOM_TEXTS` of them on each encoding, 100,000 unless set).
+#[test]
+#[ignore = "long: run in release"]
+fn counts_equal_tiktoken_rs_on_many_random_texts() {
+    let total: usize = std::env::var("TOLLGATE_RANDOM_TEXTS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(100_000);
+    let encodings = ["o200k_base", "o200k_harmony", "cl100k_base"]
+        .map(|encoding| Tiktoken::for_encoding(encoding).unwrap());
+    for batch in 0..total.div_ceil(1_000) {
+        for text in crate::common::random_texts(1_000 + batch as u64, 1_000) {
+            for tiktoken in &encodings {
+                assert_eq!(
+                    tiktoken.count(&text),
+                    tiktoken.count_with_tiktoken_rs(&text),
+                    "{} on {} ({} bytes, batch {batch})",
+                    tiktoken.name(),
+                    text.escape_debug().take(300).collect::<String>(),
+                    text.len()
+                );
+            }
+        }
+    }
+}
