@@ -1,4 +1,5 @@
-//! Estimator throughput, tiktoken-rs against bpe-openai on the same vocabulary, what text
+//! Estimator throughput, tollgate's counter against tiktoken-rs and bpe-openai on the same
+//! vocabulary (`proxy_prompt_900b` is the proxy bench's new prompt of every call), what text
 //! extraction adds to the raw count, and what the count cache saves on a growing conversation
 //! (and costs on a text seen for the first time). The throughput groups measure estimators
 //! without their cache, since they count the same text again and again.
@@ -45,6 +46,7 @@ fn prefix(text: &str, bytes: usize) -> String {
 /// The estimators to measure, without their cache, each timed on its first count (which
 /// loads its vocabulary).
 fn estimators() -> Vec<Arc<dyn Estimator>> {
+    #[cfg_attr(not(feature = "huggingface"), allow(unused_mut))]
     let mut made: Vec<Arc<dyn Estimator>> = vec![
         Arc::new(Tiktoken::default()),
         Arc::new(Voyage::new()),
@@ -77,9 +79,12 @@ fn counting(c: &mut Criterion) {
         group.bench_function("tiktoken-rs_o200k", |b| {
             b.iter(|| o200k.count_with_tiktoken_rs(black_box(&input)))
         });
+        group.bench_function("bpe-openai_o200k", |b| {
+            b.iter(|| bpe_openai::o200k_base().count(black_box(input.as_str())))
+        });
         for est in &ests {
             let id = match est.name() {
-                "openai" => "bpe-openai_o200k (openai)".to_owned(),
+                "openai" => "tollgate_o200k (openai)".to_owned(),
                 name if name.starts_with("hf:") => "hf_gpt-4o_tokenizer.json".to_owned(),
                 name => name.to_owned(),
             };
@@ -87,6 +92,41 @@ fn counting(c: &mut Criterion) {
         }
         group.finish();
     }
+}
+
+/// The proxy bench's prompt (`proxy/benches/proxy.rs`): about 900 bytes of English words after
+/// a call number, new every call. The three counters give the same count.
+fn prompt(c: &mut Criterion) {
+    let words = [
+        "rate", "limits", "keep", "agents", "polite", "and", "calls", "cheap",
+    ];
+    let mut text = "call 123456: ".to_owned();
+    let mut i = 0;
+    while text.len() < 900 {
+        text.push_str(words[i % words.len()]);
+        text.push(' ');
+        i += 1;
+    }
+    let text = text.trim_end().to_owned();
+    // The first estimator of the process: making it loads the vocabulary.
+    let started = Instant::now();
+    let o200k = Tiktoken::default();
+    eprintln!("loading o200k_base: {:?}", started.elapsed());
+    let bpe = bpe_openai::o200k_base();
+    assert_eq!(o200k.count(&text), o200k.count_with_tiktoken_rs(&text));
+    assert_eq!(o200k.count(&text), bpe.count(text.as_str()));
+    let mut group = c.benchmark_group("proxy_prompt_900b");
+    group.throughput(Throughput::Bytes(text.len() as u64));
+    group.bench_function("tiktoken-rs_o200k", |b| {
+        b.iter(|| o200k.count_with_tiktoken_rs(black_box(&text)))
+    });
+    group.bench_function("bpe-openai_o200k", |b| {
+        b.iter(|| bpe.count(black_box(text.as_str())))
+    });
+    group.bench_function("tollgate_o200k", |b| {
+        b.iter(|| o200k.count(black_box(&text)))
+    });
+    group.finish();
 }
 
 fn no_whitespace(c: &mut Criterion) {
@@ -106,8 +146,11 @@ fn no_whitespace(c: &mut Criterion) {
         group.bench_with_input(
             BenchmarkId::new("bpe-openai_o200k", size),
             &input,
-            |b, s| b.iter(|| o200k.count(s)),
+            |b, s| b.iter(|| bpe_openai::o200k_base().count(s.as_str())),
         );
+        group.bench_with_input(BenchmarkId::new("tollgate_o200k", size), &input, |b, s| {
+            b.iter(|| o200k.count(s))
+        });
     }
     let input = "a".repeat(10 << 20);
     group.throughput(Throughput::Bytes(input.len() as u64));
@@ -217,5 +260,12 @@ fn conversation(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, counting, no_whitespace, extraction, conversation);
+criterion_group!(
+    benches,
+    prompt,
+    counting,
+    no_whitespace,
+    extraction,
+    conversation
+);
 criterion_main!(benches);

@@ -9,6 +9,11 @@
 //! the same run: "added" is the percentile through the proxy less the same percentile
 //! straight. Run with `cargo bench -p tollgate-proxy` on a quiet machine (1,000 connections
 //! take some 4,000 descriptors; raise `ulimit -n` if it is below that).
+//!
+//! `cargo bench -p tollgate-proxy -- capacity` runs the capacity rows alone (issue 26): the
+//! first calls of freshly started proxies, 100 connections saturated, and 100 connections
+//! paced at rates up to 30,000 calls/s. `TOLLGATE_BENCH_PROXY=path` measures another build
+//! of the binary (an older commit's, for a before-and-after in one sitting).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -150,7 +155,9 @@ async fn start_proxy(upstream: SocketAddr) -> (Proxied, SocketAddr) {
         probe.local_addr().unwrap().port()
     };
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_tollgate-proxy"))
+    let binary = std::env::var_os("TOLLGATE_BENCH_PROXY")
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_tollgate-proxy").into());
+    let child = Command::new(binary)
         .args(["--listen", &addr.to_string()])
         .args(["--upstream", &format!("http://{upstream}")])
         .args(["--profile", "openai"])
@@ -357,11 +364,78 @@ async fn latency_row(
 
 const HEADER: &str = "| connections | calls/s straight / through | calls through | straight p50 / p99 | through p50 / p99 | added p50 | added p99 | errors straight / through |\n|---:|---:|---:|---:|---:|---:|---:|---:|";
 
+/// The first calls of freshly started proxies, each on a connection opened (and its
+/// `/healthz` answered) before it: the first call's latency, the second's, and the median of
+/// calls 901 to 1,000, in ms; the median of `starts` proxies.
+async fn first_calls(upstream: SocketAddr, starts: usize) {
+    let (mut first, mut second, mut later) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..starts {
+        let (child, proxy) = start_proxy(upstream).await;
+        let mut sender = connect(proxy).await.unwrap();
+        let mut latencies = Vec::with_capacity(1_000);
+        for _ in 0..1_000 {
+            sender.ready().await.unwrap();
+            let request = chat_request(proxy, &chat_body(false));
+            let sent = Instant::now();
+            let response = sender.send_request(request).await.unwrap();
+            assert_eq!(response.status(), 200);
+            response.into_body().collect().await.unwrap();
+            latencies.push(sent.elapsed().as_micros() as u64);
+        }
+        drop(child);
+        first.push(latencies[0]);
+        second.push(latencies[1]);
+        let mut tail = latencies[900..].to_vec();
+        tail.sort_unstable();
+        later.push(percentile(&tail, 0.5) as u64);
+    }
+    let median = |mut v: Vec<u64>| {
+        v.sort_unstable();
+        percentile(&v, 0.5) / 1e3
+    };
+    println!(
+        "first calls of a fresh proxy, ms (median of {starts} starts): the first {:.3} (each: {}), the second {:.3}, calls 901-1,000 p50 {:.3}",
+        median(first.clone()),
+        first
+            .iter()
+            .map(|us| format!("{:.3}", *us as f64 / 1e3))
+            .collect::<Vec<_>>()
+            .join(", "),
+        median(second),
+        median(later),
+    );
+}
+
+/// Issue 26's rows: a fresh proxy's first calls, 100 connections saturated, and 100
+/// connections paced at rising rates.
+async fn capacity(upstream: SocketAddr) {
+    first_calls(upstream, 5).await;
+    let (child, proxy) = start_proxy(upstream).await;
+    println!();
+    println!("100 connections saturated, then paced at a rate in all, ms");
+    println!();
+    println!("{HEADER}");
+    latency_row(upstream, proxy, 100, 400, None).await;
+    for rate in [2_000u64, 5_000, 10_000, 20_000, 30_000] {
+        let every = Duration::from_micros(100 * 1_000_000 / rate);
+        // Two seconds of calls at each rate.
+        let each = (2 * rate / 100) as usize;
+        latency_row(upstream, proxy, 100, each, Some(every)).await;
+    }
+    drop(child);
+}
+
 #[tokio::main]
 async fn main() {
-    // `cargo bench` passes `--bench`; a filter or other flags are not used here.
+    // `cargo bench` passes `--bench`; the one filter read is `capacity`.
     let (hold_tx, hold_rx) = watch::channel(false);
     let upstream = upstream(hold_rx).await;
+    if std::env::args().skip(1).any(|arg| arg == "capacity") {
+        capacity(upstream).await;
+        return;
+    }
+    first_calls(upstream, 3).await;
+    println!();
     let (child, proxy) = start_proxy(upstream).await;
     let pid = child.0.id();
 

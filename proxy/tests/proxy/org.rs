@@ -87,7 +87,7 @@ fn assert_local_429(answer: &Answer, retry_after: &str, kind: &str) {
 #[tokio::test]
 async fn two_models_of_one_upstream_are_held_at_their_own_windows_exactly() {
     let stand_in = roomy().await;
-    let name = fresh("models");
+    let name = fresh("org-models");
     let proxy = proxy(&format!(
         r#"
         [[upstream]]
