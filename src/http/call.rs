@@ -51,6 +51,9 @@ pub struct Call {
     on_settled: Option<SettledFn>,
     /// The answer ended before its end.
     cut: bool,
+    /// The provider answered with an error (a 4xx other than 429, or a 5xx): it bills no
+    /// tokens for it.
+    errored: bool,
 }
 
 /// Told how a call settled (see [`Call::on_settled`]).
@@ -130,6 +133,7 @@ impl Call {
             extras: Vec::new(),
             on_settled: None,
             cut: false,
+            errored: false,
         }
     }
 
@@ -298,6 +302,7 @@ impl Call {
             self.failed("learning the limits", &err);
         }
         let refused = status == StatusCode::TOO_MANY_REQUESTS;
+        self.errored = !refused && (status.is_client_error() || status.is_server_error());
         if let Some(limiter) = self.limiter() {
             match self.sync(&limiter, &read, refused).await {
                 // The provider counted a refused call only where its rules say: the sync gave
@@ -531,6 +536,20 @@ impl Call {
     pub async fn finish(mut self, reported: Reported) -> Result<Usage, Error> {
         self.sent.get_or_insert_with(Instant::now);
         let mut reported = reported;
+        // An error answer that reports no usage is billed nothing: its price goes back to
+        // every budget (the windows keep their charge: what a provider counts of a failed
+        // call is its own). A failing upstream had spent a tenant's budget a reservation a
+        // retry.
+        if self.errored && reported.output.is_none() && reported.total.is_none() {
+            if let Some(price) = self.price.as_mut() {
+                *price = super::models::Price::default();
+            }
+        }
+        // An input count that is missing or can't be read (`null`, `1e30`, `NaN`) is the
+        // estimate, never nothing (unless a total stands for it).
+        if reported.input.is_none() && reported.total.is_none() {
+            reported.input = Some(self.input);
+        }
         if reported.output.is_none() && reported.total.is_none() {
             // No output count: the reservation stands, or what was generated if more. An
             // answer without usage is never read as "nothing was written" (a queued background

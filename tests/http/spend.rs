@@ -167,7 +167,7 @@ async fn a_family_member_is_billed_at_its_own_price_or_not_at_all() {
     let registry = Arc::new(Registry::new(MemoryStore::new()));
     let gate = gate(&registry, "$100/d", Profile::openai());
     for unpriced in [
-        "gpt-5-pro",
+        "gpt-5-pro-x",
         "o3-deep-research",
         "gpt-4-32k",
         "gpt-4o-audio-preview",
@@ -218,6 +218,52 @@ async fn a_call_without_max_tokens_reserves_its_models_most_output_from_a_budget
         call.cost().unwrap().spend,
         (input * 2_500_000 + 16_384 * 10_000_000).div_ceil(1_000_000)
     );
+}
+
+/// A provider bills nothing for an error answer: a 500 or a 400 without usage gives every
+/// cent of the call's reservation back to the budget (a failing upstream had spent a tenant's
+/// budget a reservation per retry). An input count that can't be read (`1e30`, `null`) is the
+/// estimate, not nothing (it had settled the input at 0).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_error_answer_spends_nothing_and_unreadable_input_is_the_estimate() {
+    let registry = Arc::new(Registry::new(MemoryStore::new()));
+    let gate = gate(&registry, "$1/d", Profile::openai());
+    for status in [StatusCode::INTERNAL_SERVER_ERROR, StatusCode::BAD_REQUEST] {
+        let mut call = gate.admit(&parts(), &body("gpt-4o", 1_000)).await.unwrap();
+        let key = call.key().to_owned();
+        call.sending();
+        call.respond(status, &HeaderMap::new(), Some(br#"{"error":{}}"#))
+            .await;
+        let usage = call
+            .finish(Reported::read(br#"{"error":{}}"#, false))
+            .await
+            .unwrap();
+        assert_eq!(usage.spend, Some(0), "{status}");
+        assert_eq!(
+            spend_left(&registry, &key, "$1/d").await,
+            1_000_000,
+            "{status}"
+        );
+    }
+    for usage in [
+        r#"{"usage":{"prompt_tokens":1e30,"completion_tokens":10}}"#,
+        r#"{"usage":{"prompt_tokens":null,"completion_tokens":10}}"#,
+        r#"{"usage":{"completion_tokens":10}}"#,
+    ] {
+        let mut call = gate.admit(&parts(), &body("gpt-4o", 10)).await.unwrap();
+        let input = call.input_tokens();
+        call.sending();
+        call.respond(StatusCode::OK, &HeaderMap::new(), None).await;
+        let settled = call
+            .finish(Reported::read(usage.as_bytes(), false))
+            .await
+            .unwrap();
+        assert_eq!(
+            settled.spend,
+            Some((input * 2_500_000 + 10 * 10_000_000).div_ceil(1_000_000)),
+            "{usage}"
+        );
+    }
 }
 
 fn gate_with(registry: &Arc<Registry>, profile: Profile) -> Gate {
