@@ -680,13 +680,19 @@ impl Shared {
                 moved = true;
                 continue;
             }
+            let mut debt = tollgate::PerCurrency::default();
             for currency in Currency::ALL {
                 if let (Some(level), false) = (held.least(currency), now.of(currency).is_empty()) {
                     let left = u64::try_from(level.whole().max(0)).unwrap_or(0);
                     if after.lower(currency, left).await.is_err() {
                         tracing::warn!(%key, "reload: could not carry a key's levels over");
                     }
+                    // A debt goes with the key: a changed limit forgives nothing.
+                    debt[currency] = i64::try_from(level.whole().min(0)).unwrap_or(i64::MIN);
                 }
+            }
+            if debt.values().iter().any(|d| *d < 0) && after.adjust(debt).await.is_err() {
+                tracing::warn!(%key, "reload: could not carry a key's debt over");
             }
             moved = true;
         }

@@ -107,6 +107,36 @@ impl<S: Store> Limiter<S> {
         covered
     }
 
+    /// Adds `delta` to every window of each currency: a positive amount is a refund (never
+    /// above a window's capacity), a negative one a charge, which may leave windows in debt
+    /// (down to the store's floor of 64 bursts). For corrections a program knows of and the
+    /// limiter doesn't: spending it learned of elsewhere, or a debt carried over from other
+    /// limits.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tollgate::Error> {
+    /// use tollgate::{Currency, Limiter, Limits, MemoryStore, PerCurrency};
+    ///
+    /// let limiter = Limiter::new("carry", Limits::parse("", "100/h")?, MemoryStore::new())?;
+    /// let mut delta = PerCurrency::default();
+    /// delta[Currency::Tokens] = -150;
+    /// limiter.adjust(delta).await?;
+    /// let tokens = limiter.snapshot().await?.least(Currency::Tokens).unwrap();
+    /// assert_eq!(tokens.whole(), -50);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn adjust(&self, delta: PerCurrency<i64>) -> Result<(), Error> {
+        match self.call_bounded(Op::Adjust { delta }).await? {
+            Outcome::Done => {
+                self.refunded();
+                Ok(())
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// Lowers what the windows of `currency` hold to at most `remaining` (what a provider's
     /// `remaining` header says is left); never raises them, since calls in flight are charged
     /// here and not yet counted there. Answers how many whole tokens the window closest to
