@@ -101,6 +101,17 @@ fn config(flags: &Flags) -> Result<Config, String> {
     let mut config = match &flags.config {
         Some(path) => {
             let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+            // An empty file is most likely one being written (or a failed edit): read as the
+            // defaults, it would serve the public upstreams with no tenant, key or budget.
+            let said = text
+                .lines()
+                .map(str::trim)
+                .any(|line| !line.is_empty() && !line.starts_with('#'));
+            if !said {
+                return Err(format!(
+                    "{path}: the file says nothing (empty, or only comments); to run on the defaults, start without --config"
+                ));
+            }
             Config::from_toml(&text).map_err(|e| format!("{path}: {e}"))?
         }
         None => Config::public(),
@@ -186,8 +197,12 @@ async fn reloads(flags: Flags, reloader: tollgate_proxy::Reloader) {
         .and_then(|s| s.parse::<f64>().ok())
         .filter(|s| s.is_finite() && *s >= 0.1)
         .map(Duration::from_secs_f64);
-    let modified = |path: &str| std::fs::metadata(path).and_then(|m| m.modified()).ok();
-    let mut seen = flags.config.as_deref().and_then(modified);
+    // The file's bytes, not its time or size: an edit that keeps both (`cp -p`, `rsync -t`)
+    // is still seen. A change is read once the file has stayed the same for one period, so
+    // that a file caught half-written is not loaded.
+    let contents = |path: &str| std::fs::read(path).ok();
+    let mut loaded = flags.config.as_deref().and_then(contents);
+    let mut pending: Option<Option<Vec<u8>>> = None;
     #[cfg(unix)]
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     loop {
@@ -209,14 +224,24 @@ async fn reloads(flags: Flags, reloader: tollgate_proxy::Reloader) {
         let why = tokio::select! {
             _ = hung_up => "SIGHUP",
             () = tick => {
-                let now = flags.config.as_deref().and_then(modified);
-                if now == seen {
+                let now = flags.config.as_deref().and_then(contents);
+                if now == loaded {
+                    pending = None;
                     continue;
                 }
-                seen = now;
+                if pending.as_ref() != Some(&now) {
+                    pending = Some(now);
+                    continue;
+                }
+                pending = None;
+                loaded = now;
                 "the file changed"
             }
         };
+        if why == "SIGHUP" {
+            loaded = flags.config.as_deref().and_then(contents);
+            pending = None;
+        }
         tracing::info!(why, "reloading the configuration");
         match config(&flags) {
             Ok(config) => {

@@ -330,6 +330,14 @@ async fn binary_reloads(watch: bool) {
     }
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(status("vk-second-000001").await, 200);
+    // So is an empty one (a file caught while it is written): read as the defaults, it would
+    // serve the public upstreams with no virtual key at all.
+    std::fs::write(&file, "# being written\n").unwrap();
+    if !watch {
+        hangup();
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(status("vk-second-000001").await, 200);
     assert!(child.try_wait().unwrap().is_none());
     let _ = std::process::Command::new("kill")
         .args(["-TERM", &pid])
