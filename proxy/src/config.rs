@@ -875,11 +875,17 @@ fn tenants(
     }
     let mut virtual_keys = BTreeMap::new();
     let mut tier_of = t.tier_of;
+    // Tenants placed by [tenants.tier_of]: a key of theirs that names no tier has that one.
+    let placed: std::collections::BTreeSet<String> = tier_of.keys().cloned().collect();
+    let mut untiered = std::collections::BTreeSet::new();
     for (key, entry) in t.virtual_keys {
         let (name, tier) = match entry {
             VirtualKeyFile::Tenant(name) => (name, None),
             VirtualKeyFile::WithTier { tenant, tier } => (tenant, tier),
         };
+        if tier.is_none() && !placed.contains(&name) {
+            untiered.insert(name.clone());
+        }
         if let Some(tier) = tier {
             match tier_of.get(&name) {
                 Some(other) if *other != tier => problems.push(format!(
@@ -914,6 +920,21 @@ fn tenants(
         Some(tier) => Some(tier),
         None => tiers.contains_key("default").then(|| "default".to_owned()),
     };
+    // A key without a tier stands for the default tier; another key of the same tenant that
+    // names a tier would silently give it that one.
+    for name in &untiered {
+        if let Some(tier) = tier_of.get(name)
+            && Some(tier) != default_tier.as_ref()
+        {
+            problems.push(format!(
+                "tenants.virtual_keys: the tenant `{name}` has a key with the tier `{tier}` and one without (the default tier{}); one tenant, one tier: name it on every key",
+                default_tier
+                    .as_deref()
+                    .map(|d| format!(" `{d}`"))
+                    .unwrap_or_default()
+            ));
+        }
+    }
     let named = tier_of
         .iter()
         .map(|(tenant, tier)| (format!("the tenant `{tenant}`"), tier))
@@ -1317,6 +1338,41 @@ mod tests {
     fn unknown_fields_are_refused() {
         let err = Config::from_toml("[[upstream]]\nurl = \"http://a\"\nrpm = 5\n").unwrap_err();
         assert!(err.to_string().contains("unknown field `rpm`"), "{err}");
+    }
+
+    #[test]
+    fn a_tenant_with_a_tiered_key_and_a_key_without_is_refused() {
+        let file = |keys: &str| {
+            format!(
+                r#"
+                [tiers.small]
+                requests = "3/m"
+                [tiers.large]
+                requests = "1000/m"
+                [tenants]
+                default_tier = "small"
+                virtual_keys = {{ {keys} }}
+                [[upstream]]
+                url = "http://127.0.0.1:1"
+                profile = "openai"
+                api_key_env = "PATH"
+                "#
+            )
+        };
+        let err = Config::from_toml(&file(
+            r#""vk-x-small-1" = "x", "vk-x-large-1" = { tenant = "x", tier = "large" }"#,
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("the tenant `x` has a key with the tier `large` and one without"),
+            "{err}"
+        );
+        // Naming the default tier on the other key is the same tier: fine.
+        Config::from_toml(&file(
+            r#""vk-y-small-1" = "y", "vk-y-small-2" = { tenant = "y", tier = "small" }"#,
+        ))
+        .unwrap();
     }
 
     #[test]
