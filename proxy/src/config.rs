@@ -1209,6 +1209,12 @@ fn upstream(i: usize, u: UpstreamFile, problems: &mut Vec<String>) -> Upstream {
             "upstream {i}: name `{name}` must be 1 to 64 of A-Z a-z 0-9 . _ -"
         ));
     }
+    // Budgets are kept under `budget:...`: an upstream of that name would share their keys.
+    if name == crate::keys::BUDGET.trim_end_matches(':') {
+        problems.push(format!(
+            "upstream {i}: the name `{name}` is kept for budgets; choose another"
+        ));
+    }
     upstream
 }
 
@@ -1332,6 +1338,15 @@ mod tests {
         );
         let err = Config::single(None, "generic", None).unwrap_err();
         assert!(err.to_string().contains("give --upstream URL"), "{err}");
+    }
+
+    #[test]
+    fn an_upstream_named_budget_is_refused() {
+        let err = Config::from_toml(
+            "[[upstream]]\nname = \"budget\"\nurl = \"http://127.0.0.1:1\"\nprofile = \"openai\"\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("kept for budgets"), "{err}");
     }
 
     #[test]

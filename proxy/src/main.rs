@@ -254,6 +254,21 @@ async fn reloads(flags: Flags, reloader: tollgate_proxy::Reloader) {
     }
 }
 
+/// `url` without the user and password it may carry (`https://user:secret@host/` is logged as
+/// `https://***@host/`).
+fn without_credentials(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+            match rest[..end].rfind('@') {
+                Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
+                None => url.to_owned(),
+            }
+        }
+        None => url.to_owned(),
+    }
+}
+
 /// Completes on SIGTERM or Ctrl-C.
 async fn terminated() {
     #[cfg(unix)]
@@ -300,7 +315,7 @@ fn main() -> ExitCode {
         let upstreams: Vec<String> = config
             .upstreams
             .iter()
-            .map(|u| format!("{} {} ({})", u.name, u.url, u.profile))
+            .map(|u| format!("{} {} ({})", u.name, without_credentials(&u.url), u.profile))
             .collect();
         let proxy = match Proxy::bind(config).await {
             Ok(proxy) => proxy,
@@ -321,4 +336,22 @@ fn main() -> ExitCode {
             Drained::Cut => ExitCode::from(3),
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_credentials;
+
+    #[test]
+    fn a_logged_url_carries_no_credentials() {
+        assert_eq!(
+            without_credentials("https://user:s3cret@host:8443/v1?x=1"),
+            "https://***@host:8443/v1?x=1"
+        );
+        assert_eq!(
+            without_credentials("http://127.0.0.1:1/"),
+            "http://127.0.0.1:1/"
+        );
+        assert_eq!(without_credentials("no scheme"), "no scheme");
+    }
 }

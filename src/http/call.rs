@@ -676,10 +676,14 @@ impl Call {
             }
         }
         let mut usage = cut.usage(profile, limits);
+        // Money is what the provider bills, as reported: a model that wrote past the output
+        // its entry says, or input held by the provider (a previous response, a conversation,
+        // a search), is billed in full (cut to the request's bounds, a reviewer's calls were
+        // charged 1/435 of their bill). The floor of a budget's debt bounds a lie.
         if !limits.spend().is_empty()
             && let Some(price) = self.price
         {
-            usage = usage.with_spend(price.billed(&cut));
+            usage = usage.with_spend(price.billed(reported));
         }
         (usage, clamped)
     }

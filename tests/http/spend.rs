@@ -266,6 +266,41 @@ async fn an_error_answer_spends_nothing_and_unreadable_input_is_the_estimate() {
     }
 }
 
+/// A budget is charged what the provider bills, as reported, past the bounds the windows cut
+/// impossible usage to: a model that writes more than its entry says it can (here 16,000
+/// tokens against a `max_output` of 100), or input the provider held for the call, costs its
+/// bill (it had been charged at the bound, 1/435 of the bill).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_budget_is_charged_the_whole_bill_past_the_windows_bounds() {
+    let registry = Arc::new(Registry::new(MemoryStore::new()));
+    let mut models = tollgate::http::models::openai();
+    models.push(Model::new(
+        "small-writer",
+        100,
+        Some(Price::dollars(2.5, 1.25, 10.0)),
+    ));
+    let gate = gate_with(&registry, Profile::openai().models(models));
+    let without = serde_json::to_vec(&json!({
+        "model": "small-writer",
+        "messages": [{"role": "user", "content": "one two three four five"}],
+    }))
+    .unwrap();
+    let mut call = gate.admit(&parts(), &without).await.unwrap();
+    call.sending();
+    call.respond(StatusCode::OK, &HeaderMap::new(), None).await;
+    let usage = call
+        .finish(Reported::read(
+            br#"{"usage":{"prompt_tokens":100000,"completion_tokens":16000}}"#,
+            false,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        usage.spend,
+        Some((100_000 * 2_500_000 + 16_000 * 10_000_000u64).div_ceil(1_000_000))
+    );
+}
+
 fn gate_with(registry: &Arc<Registry>, profile: Profile) -> Gate {
     gate(registry, "$1/d", profile)
 }
