@@ -315,7 +315,7 @@ fn main() -> ExitCode {
         let upstreams: Vec<String> = config
             .upstreams
             .iter()
-            .map(|u| format!("{} {} ({})", u.name, without_credentials(&u.url), u.profile))
+            .map(|u| format!("{} {} ({})", u.name, without_credentials(&u.url.to_string()), u.profile))
             .collect();
         let proxy = match Proxy::bind(config).await {
             Ok(proxy) => proxy,

@@ -540,10 +540,12 @@ impl Call {
         // every budget (the windows keep their charge: what a provider counts of a failed
         // call is its own). A failing upstream had spent a tenant's budget a reservation a
         // retry.
-        if self.errored && reported.output.is_none() && reported.total.is_none() {
-            if let Some(price) = self.price.as_mut() {
-                *price = super::models::Price::default();
-            }
+        if self.errored
+            && reported.output.is_none()
+            && reported.total.is_none()
+            && let Some(price) = self.price.as_mut()
+        {
+            *price = super::models::Price::default();
         }
         // An input count that is missing or can't be read (`null`, `1e30`, `NaN`) is the
         // estimate, never nothing (unless a total stands for it).
