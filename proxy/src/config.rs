@@ -1042,7 +1042,13 @@ fn price(p: &PriceFile, what: &str, problems: &mut Vec<String>) -> Option<Price>
     let fine = |v: f64| v.is_finite() && (0.0..=1_000_000.0).contains(&v);
     let input = p.input;
     let cached = p.cached_input.unwrap_or(input);
-    let output = p.output.unwrap_or(0.0);
+    let Some(output) = p.output else {
+        // Left out, it would make output free.
+        problems.push(format!(
+            "{what}: a price names `output` too (0 for a model that writes nothing)"
+        ));
+        return None;
+    };
     if !(fine(input) && fine(cached) && fine(output)) {
         problems.push(format!(
             "{what}: prices are dollars per million tokens, from 0 to 1,000,000"
@@ -1338,6 +1344,15 @@ mod tests {
         );
         let err = Config::single(None, "generic", None).unwrap_err();
         assert!(err.to_string().contains("give --upstream URL"), "{err}");
+    }
+
+    #[test]
+    fn a_price_without_output_is_refused() {
+        let err = Config::from_toml(
+            "[[upstream]]\nurl = \"http://127.0.0.1:1\"\nprofile = \"openai\"\n[upstream.models.\"m\"]\nprice = { input = 2.5 }\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("names `output` too"), "{err}");
     }
 
     #[test]
