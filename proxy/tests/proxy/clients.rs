@@ -401,8 +401,14 @@ async fn anthropics_spent_quota_is_the_sdks_rate_limit_error_and_is_not_retried(
 
 /// The workload: 80 chat calls at once from `AsyncOpenAI`, through the proxy to a
 /// stand-in that allows 60 requests and 20,000 tokens per 10 s, the proxy set to the same.
-/// The one test here that takes real time (about 15 s).
+/// The one test here that takes real time (about 15 s). It runs alone, in a step of its own
+/// (`cargo test --workspace --test proxy -- --ignored clients::eighty`, which `.ci/run`
+/// runs): beside the other proxy tests on two cores, the proxy's sends and the stand-in's
+/// arrivals drift apart by the scheduler's delays, and a cold CI run once saw 7 429s where
+/// it sees 0 alone (five runs: 0, 0, 0, 0, 0; the sync credits refill from when a call was
+/// sent, the stand-in counts it on arrival).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "takes real time and runs alone: cargo test --workspace --test proxy -- --ignored clients::eighty"]
 async fn eighty_calls_at_once_from_the_python_sdk_stay_inside_the_quota() {
     let Some(clients) = clients("burst") else {
         return;
