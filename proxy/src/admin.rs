@@ -252,18 +252,7 @@ async fn view(shared: &Shared) -> View {
         );
         for (key, kind, model, tenant) in entries {
             let limiter = limiter_of(shared, upstream, &key, kind == "tenant");
-            let snapshot = match &limiter {
-                Some(limiter) if store_ok => {
-                    match tokio::time::timeout(STORE_WAIT, limiter.snapshot()).await {
-                        Ok(Ok(snapshot)) => Some(snapshot),
-                        _ => {
-                            store_ok = false;
-                            None
-                        }
-                    }
-                }
-                _ => None,
-            };
+            let snapshot = snapshot_of(limiter.as_ref(), &mut store_ok).await;
             let counted = counts.get(&key).copied().unwrap_or_default();
             keys.push(KeyView {
                 limits: limiter.as_ref().map(|l| l.limits().to_string()),
@@ -344,18 +333,7 @@ async fn view(shared: &Shared) -> View {
             .registry
             .limiter(&shared.store_key(&key), &limits)
             .ok();
-        let snapshot = match &limiter {
-            Some(limiter) if store_ok => {
-                match tokio::time::timeout(STORE_WAIT, limiter.snapshot()).await {
-                    Ok(Ok(snapshot)) => Some(snapshot),
-                    _ => {
-                        store_ok = false;
-                        None
-                    }
-                }
-            }
-            _ => None,
-        };
+        let snapshot = snapshot_of(limiter.as_ref(), &mut store_ok).await;
         let counted = counts.get(&key).copied().unwrap_or_default();
         keys.push(KeyView {
             limits: Some(limits.to_string()),
@@ -483,6 +461,20 @@ pub(crate) async fn serve(listener: TcpListener, current: Arc<crate::state::Curr
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
         });
+    }
+}
+
+/// What `limiter`'s windows hold, asked within [`STORE_WAIT`] while the store has answered
+/// so far; after a store that didn't answer, no key asks again (`store_ok` goes false), so a
+/// down store costs the view one wait, not one a key.
+async fn snapshot_of(limiter: Option<&Limiter>, store_ok: &mut bool) -> Option<tollgate::Snapshot> {
+    let limiter = limiter.filter(|_| *store_ok)?;
+    match tokio::time::timeout(STORE_WAIT, limiter.snapshot()).await {
+        Ok(Ok(snapshot)) => Some(snapshot),
+        _ => {
+            *store_ok = false;
+            None
+        }
     }
 }
 
