@@ -16,40 +16,13 @@ Medians of `--runs` runs (default 3) at the end.
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url, seconds=60):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(url, timeout=1).read()
-            return
-        except Exception:
-            time.sleep(0.1)
-    raise RuntimeError(f"{url} did not answer within {seconds} s")
-
-
-def sdk_python():
-    """The Python that has the SDK: TOLLGATE_PROXY_CLIENTS's (as the tests find it), or python3."""
-    clients = os.environ.get("TOLLGATE_PROXY_CLIENTS")
-    if clients and os.path.exists(os.path.join(clients, "python", "bin", "python")):
-        return os.path.join(clients, "python", "bin", "python"), {}
-    if clients:
-        return "python3", {"PYTHONPATH": os.path.join(clients, "python-packages")}
-    return "python3", {}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pool import free_port, sdk_python, wait_http  # noqa: E402  (the pool bench's helpers)
 
 CLIENT = r"""
 import json, sys, time
