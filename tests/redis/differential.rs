@@ -26,6 +26,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use futures_util::StreamExt;
+
 use tollgate::store::redis::{RedisConfig, RedisStore};
 use tollgate::store::{Op, Outcome, SyncArgs, Ticket};
 use tollgate::testing::{RuleBook, ScriptPath, redis_apply_at, redis_apply_traced};
@@ -255,6 +257,160 @@ fn to_rule_book(op: Op, calls: &[Held], call: Option<usize>) -> Op {
     }
 }
 
+/// One sequence of [`STEPS`] operations on a key of its own, through the script and the rule
+/// book side by side; answers how many answers it compared and of which kinds.
+async fn sequence(
+    store: &RedisStore,
+    seed: u64,
+    trace: Option<u64>,
+) -> (u64, HashMap<&'static str, u64>) {
+    let mut compared = 0u64;
+    let mut seen: HashMap<&'static str, u64> = HashMap::new();
+    let mut rng = Lcg(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5);
+    let sets = limit_sets();
+    let limits = &sets[(seed % sets.len() as u64) as usize];
+    let key = store.bind(&format!("differential-{seed}"), limits).unwrap();
+    // Both start at a time far from zero, so that nothing rests on a clock's origin.
+    let mut now_ms = 1_000_000 + rng.below(1_000_000);
+    let mut book = RuleBook::new(limits, Duration::from_millis(now_ms), LEASE);
+    let mut calls: Vec<Held> = Vec::new();
+    let mut tickets: HashMap<u64, usize> = HashMap::new();
+    let mut book_tickets: HashMap<u64, usize> = HashMap::new();
+    for step in 0..STEPS {
+        now_ms += [0, 0, 1, 3, 20, 250, 1_000, 3_000][rng.below(8) as usize];
+        let (op, call) = operation(&mut rng, limits, &calls);
+        let book_op = to_rule_book(op.clone(), &calls, call);
+        let quiet = book.is_quiet(Duration::from_millis(now_ms));
+        let expected = book.apply(book_op, Duration::from_millis(now_ms));
+        let traced = redis_apply_traced(store, &key, op.clone(), Some(now_ms)).await;
+        let path = traced
+            .as_ref()
+            .map_or(ScriptPath::Full, |(_, _, path)| *path);
+        let got = traced.map(|(outcome, _, _)| outcome);
+        let context = || format!("seed {seed}, step {step}, at {now_ms} ms ({path:?}): {op:?}");
+        if trace == Some(seed) {
+            eprintln!(
+                "{}\n  rule book {expected:?}\n  script    {got:?}",
+                context()
+            );
+        }
+        // The fast paths answer only a call that passes at once on a quiet key, or the
+        // first in line (admitted, or told when it can pass: never behind anyone), and
+        // never a call to fly.
+        if path == ScriptPath::Fast {
+            let fits = match op {
+                Op::Acquire { fly: false, .. } => {
+                    quiet && matches!(expected, Ok(Outcome::Admitted))
+                }
+                Op::Admit { fly: false, .. } => {
+                    matches!(expected, Ok(Outcome::Admitted | Outcome::NotYet(_)))
+                }
+                _ => false,
+            };
+            assert!(
+                fits,
+                "{}: the fast path answered, the rule book {expected:?} (quiet: {quiet})",
+                context()
+            );
+        }
+        if let Op::Admit { .. } = op {
+            let which = match (path, &expected) {
+                (ScriptPath::Fast, Ok(Outcome::Admitted)) => "admit passed, fast path",
+                (ScriptPath::Fast, _) => "admit not yet, fast path",
+                (ScriptPath::Full, _) => "admit, full path",
+            };
+            *seen.entry(which).or_default() += 1;
+        }
+        if let Op::Acquire { .. } = op {
+            let which = match (path, &expected) {
+                (ScriptPath::Fast, _) => "acquire, fast path",
+                (ScriptPath::Full, Ok(Outcome::Admitted | Outcome::Flying(_))) => {
+                    "acquire admitted, full path"
+                }
+                (ScriptPath::Full, _) => "acquire not admitted, full path",
+            };
+            *seen.entry(which).or_default() += 1;
+            if quiet && path == ScriptPath::Full {
+                *seen.entry("acquire on a quiet key, full path").or_default() += 1;
+            }
+        }
+        let (expected, got) = match (expected, got) {
+            (Err(a), Err(b)) => {
+                assert_eq!(kind(&a), kind(&b), "{}: {a} / {b}", context());
+                continue;
+            }
+            (Ok(a), Ok(b)) => (a, b),
+            (a, b) => panic!("{}: the rule book {a:?}, the script {b:?}", context()),
+        };
+        // Remember what each call now holds, on both sides.
+        let index = call.unwrap_or(calls.len());
+        if call.is_none() {
+            let cost = match op {
+                Op::Acquire { cost, .. } => cost,
+                _ => Cost::default(),
+            };
+            calls.push(Held {
+                ticket: None,
+                flight: None,
+                cost,
+            });
+        }
+        match (&expected, &got) {
+            (Outcome::Queued { ticket: mine, .. }, Outcome::Queued { ticket: theirs, .. }) => {
+                calls[index].ticket = Some((mine.id(), theirs.id()));
+                tickets.insert(theirs.id(), index);
+                book_tickets.insert(mine.id(), index);
+            }
+            (Outcome::Flying(flight), _) => {
+                calls[index].ticket = None;
+                calls[index].flight = Some(*flight);
+            }
+            (Outcome::Admitted | Outcome::Lost, _)
+                if matches!(op, Op::Admit { .. } | Op::Cancel { .. }) =>
+            {
+                calls[index].ticket = None;
+            }
+            _ => {}
+        }
+        if let Op::Cancel { .. } = op {
+            calls[index].ticket = None;
+        }
+        let what = match &got {
+            Outcome::Admitted => "admitted",
+            Outcome::Flying(_) => "flying",
+            Outcome::Queued { .. } => "queued",
+            Outcome::NotYet(_) => "not yet",
+            Outcome::Behind(_) => "behind",
+            Outcome::Lost => "lost",
+            Outcome::Emptied(e) if e.values().iter().any(|t| *t > 0) => "emptied",
+            Outcome::Lowered(t) if *t > 0 => "lowered",
+            Outcome::Synced(s) if s.lowered.values().iter().any(|t| *t > 0) => "synced, took off",
+            Outcome::Synced(s) if s.returned.values().iter().any(|t| *t > 0) => "synced, gave back",
+            Outcome::Synced(s) if s.spent.values().iter().all(Option::is_none) => "synced, unknown",
+            Outcome::Settled(d) if d.values().iter().any(|t| *t < 0) => "settled, charged",
+            Outcome::Settled(d) if d.values().iter().any(|t| *t > 0) => "settled, refunded",
+            _ => "other",
+        };
+        *seen.entry(what).or_default() += 1;
+        assert_eq!(
+            normalized(expected, &book_tickets),
+            normalized(got, &tickets),
+            "{}",
+            context()
+        );
+        // The levels after every step, to the unit.
+        let levels = book
+            .apply(Op::Snapshot, Duration::from_millis(now_ms))
+            .unwrap();
+        let (theirs, _) = redis_apply_at(store, &key, Op::Snapshot, Some(now_ms))
+            .await
+            .unwrap();
+        assert_eq!(levels, theirs, "{}: levels after", context());
+        compared += 1;
+    }
+    (compared, seen)
+}
+
 #[test]
 fn the_script_answers_every_operation_exactly_as_the_rule_book() {
     let Some(server) = RedisServer::start() else {
@@ -266,7 +422,6 @@ fn the_script_answers_every_operation_exactly_as_the_rule_book() {
         let store = RedisStore::connect_with(&server.url(), config)
             .await
             .unwrap();
-        let sets = limit_sets();
         let mut compared = 0u64;
         // How often each kind of answer came, to show the sequences reach every path.
         let mut seen: HashMap<&'static str, u64> = HashMap::new();
@@ -274,157 +429,15 @@ fn the_script_answers_every_operation_exactly_as_the_rule_book() {
         let trace: Option<u64> = std::env::var("TOLLGATE_DIFFERENTIAL_TRACE")
             .ok()
             .and_then(|v| v.parse().ok());
-        for seed in 0..sequences() {
-            let mut rng = Lcg(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5);
-            let limits = &sets[(seed % sets.len() as u64) as usize];
-            let key = store.bind(&format!("differential-{seed}"), limits).unwrap();
-            // Both start at a time far from zero, so that nothing rests on a clock's origin.
-            let mut now_ms = 1_000_000 + rng.below(1_000_000);
-            let mut book = RuleBook::new(limits, Duration::from_millis(now_ms), LEASE);
-            let mut calls: Vec<Held> = Vec::new();
-            let mut tickets: HashMap<u64, usize> = HashMap::new();
-            let mut book_tickets: HashMap<u64, usize> = HashMap::new();
-            for step in 0..STEPS {
-                now_ms += [0, 0, 1, 3, 20, 250, 1_000, 3_000][rng.below(8) as usize];
-                let (op, call) = operation(&mut rng, limits, &calls);
-                let book_op = to_rule_book(op.clone(), &calls, call);
-                let quiet = book.is_quiet(Duration::from_millis(now_ms));
-                let expected = book.apply(book_op, Duration::from_millis(now_ms));
-                let traced = redis_apply_traced(&store, &key, op.clone(), Some(now_ms)).await;
-                let path = traced
-                    .as_ref()
-                    .map_or(ScriptPath::Full, |(_, _, path)| *path);
-                let got = traced.map(|(outcome, _, _)| outcome);
-                let context =
-                    || format!("seed {seed}, step {step}, at {now_ms} ms ({path:?}): {op:?}");
-                if trace == Some(seed) {
-                    eprintln!(
-                        "{}\n  rule book {expected:?}\n  script    {got:?}",
-                        context()
-                    );
-                }
-                // The fast paths answer only a call that passes at once on a quiet key, or the
-                // first in line (admitted, or told when it can pass: never behind anyone), and
-                // never a call to fly.
-                if path == ScriptPath::Fast {
-                    let fits = match op {
-                        Op::Acquire { fly: false, .. } => {
-                            quiet && matches!(expected, Ok(Outcome::Admitted))
-                        }
-                        Op::Admit { fly: false, .. } => {
-                            matches!(expected, Ok(Outcome::Admitted | Outcome::NotYet(_)))
-                        }
-                        _ => false,
-                    };
-                    assert!(
-                        fits,
-                        "{}: the fast path answered, the rule book {expected:?} (quiet: {quiet})",
-                        context()
-                    );
-                }
-                if let Op::Admit { .. } = op {
-                    let which = match (path, &expected) {
-                        (ScriptPath::Fast, Ok(Outcome::Admitted)) => "admit passed, fast path",
-                        (ScriptPath::Fast, _) => "admit not yet, fast path",
-                        (ScriptPath::Full, _) => "admit, full path",
-                    };
-                    *seen.entry(which).or_default() += 1;
-                }
-                if let Op::Acquire { .. } = op {
-                    let which = match (path, &expected) {
-                        (ScriptPath::Fast, _) => "acquire, fast path",
-                        (ScriptPath::Full, Ok(Outcome::Admitted | Outcome::Flying(_))) => {
-                            "acquire admitted, full path"
-                        }
-                        (ScriptPath::Full, _) => "acquire not admitted, full path",
-                    };
-                    *seen.entry(which).or_default() += 1;
-                    if quiet && path == ScriptPath::Full {
-                        *seen.entry("acquire on a quiet key, full path").or_default() += 1;
-                    }
-                }
-                let (expected, got) = match (expected, got) {
-                    (Err(a), Err(b)) => {
-                        assert_eq!(kind(&a), kind(&b), "{}: {a} / {b}", context());
-                        continue;
-                    }
-                    (Ok(a), Ok(b)) => (a, b),
-                    (a, b) => panic!("{}: the rule book {a:?}, the script {b:?}", context()),
-                };
-                // Remember what each call now holds, on both sides.
-                let index = call.unwrap_or(calls.len());
-                if call.is_none() {
-                    let cost = match op {
-                        Op::Acquire { cost, .. } => cost,
-                        _ => Cost::default(),
-                    };
-                    calls.push(Held {
-                        ticket: None,
-                        flight: None,
-                        cost,
-                    });
-                }
-                match (&expected, &got) {
-                    (
-                        Outcome::Queued { ticket: mine, .. },
-                        Outcome::Queued { ticket: theirs, .. },
-                    ) => {
-                        calls[index].ticket = Some((mine.id(), theirs.id()));
-                        tickets.insert(theirs.id(), index);
-                        book_tickets.insert(mine.id(), index);
-                    }
-                    (Outcome::Flying(flight), _) => {
-                        calls[index].ticket = None;
-                        calls[index].flight = Some(*flight);
-                    }
-                    (Outcome::Admitted | Outcome::Lost, _)
-                        if matches!(op, Op::Admit { .. } | Op::Cancel { .. }) =>
-                    {
-                        calls[index].ticket = None;
-                    }
-                    _ => {}
-                }
-                if let Op::Cancel { .. } = op {
-                    calls[index].ticket = None;
-                }
-                let what = match &got {
-                    Outcome::Admitted => "admitted",
-                    Outcome::Flying(_) => "flying",
-                    Outcome::Queued { .. } => "queued",
-                    Outcome::NotYet(_) => "not yet",
-                    Outcome::Behind(_) => "behind",
-                    Outcome::Lost => "lost",
-                    Outcome::Emptied(e) if e.values().iter().any(|t| *t > 0) => "emptied",
-                    Outcome::Lowered(t) if *t > 0 => "lowered",
-                    Outcome::Synced(s) if s.lowered.values().iter().any(|t| *t > 0) => {
-                        "synced, took off"
-                    }
-                    Outcome::Synced(s) if s.returned.values().iter().any(|t| *t > 0) => {
-                        "synced, gave back"
-                    }
-                    Outcome::Synced(s) if s.spent.values().iter().all(Option::is_none) => {
-                        "synced, unknown"
-                    }
-                    Outcome::Settled(d) if d.values().iter().any(|t| *t < 0) => "settled, charged",
-                    Outcome::Settled(d) if d.values().iter().any(|t| *t > 0) => "settled, refunded",
-                    _ => "other",
-                };
-                *seen.entry(what).or_default() += 1;
-                assert_eq!(
-                    normalized(expected, &book_tickets),
-                    normalized(got, &tickets),
-                    "{}",
-                    context()
-                );
-                // The levels after every step, to the unit.
-                let levels = book
-                    .apply(Op::Snapshot, Duration::from_millis(now_ms))
-                    .unwrap();
-                let (theirs, _) = redis_apply_at(&store, &key, Op::Snapshot, Some(now_ms))
-                    .await
-                    .unwrap();
-                assert_eq!(levels, theirs, "{}: levels after", context());
-                compared += 1;
+        // Sequences run eight at a time over the one connection (each on a key of its own, so
+        // they cannot meet): the round trips overlap instead of adding up.
+        let mut lanes = futures_util::stream::iter(0..sequences())
+            .map(|seed| sequence(&store, seed, trace))
+            .buffer_unordered(8);
+        while let Some((count, kinds)) = lanes.next().await {
+            compared += count;
+            for (kind, n) in kinds {
+                *seen.entry(kind).or_default() += n;
             }
         }
         assert!(
