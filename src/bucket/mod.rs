@@ -300,43 +300,6 @@ pub(crate) fn validate(limits: &Limits, cost: Cost) -> Result<(), BucketError> {
     Ok(())
 }
 
-/// The answer of one step of a key's state machine. Durations are nanoseconds from the
-/// instant of the step, saturated at `u64::MAX`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Step {
-    /// Charged; the call may go.
-    Admitted,
-    /// Charged, and remembered as a call in flight with this number (see [`flights`]).
-    Flying { flight: u64 },
-    /// Queued behind earlier calls: ticket `id`, due in `due_in`.
-    Queued { id: u64, due_in: u64 },
-    /// Nothing charged, nothing queued: the call could pass in `wait`.
-    NotYet { wait: u64 },
-    /// The ticket waits for calls ahead of it that have not passed yet; if they passed now,
-    /// it could pass in `wait`.
-    Behind { wait: u64 },
-    /// The ticket is gone (it lapsed or was cancelled).
-    Lost,
-    /// Done (adjustments, cancellations).
-    Done,
-    /// Lowered: how many whole tokens the window of the currency closest to the remaining
-    /// count held above it (negative: below, and nothing was lowered there).
-    Lowered(i64),
-    /// A penalty emptied, per currency, this many whole tokens (the least any window of the
-    /// currency held above zero).
-    Emptied(PerCurrency<u64>),
-    /// A sync: per currency it read, how many whole tokens the tightest window held above the
-    /// provider's count when the call went out, and the estimate of everything spent
-    /// elsewhere by then (that excess plus what had been corrected before); whether the count
-    /// was ambiguous (another call went out within [`SEND_SKEW`] of the answered one, or the
-    /// call is not remembered); how long ago the call went out (ns); and, per currency, what
-    /// was taken off now and what of the model's charges came back.
-    Synced(Box<Synced>),
-    /// A settlement: what was added to the windows of each currency (positive: a refund;
-    /// negative: a charge).
-    Settled(PerCurrency<i64>),
-}
-
 /// Tokens to add to (or, negative, take from) the windows of each currency.
 pub(crate) type Delta = PerCurrency<i64>;
 

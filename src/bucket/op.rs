@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::{Available, KeyState, Nanos, Step, SyncArgs, Synced};
+use super::{Available, KeyState, Nanos, SyncArgs, Synced};
 use crate::cost::Cost;
 use crate::error::Error;
 use crate::rate::{Currencies, Currency, Limits, PerCurrency};
@@ -161,55 +161,33 @@ impl KeyState {
         lease: Duration,
         id: impl FnOnce() -> u64,
     ) -> Result<Outcome, Error> {
-        let step = match op {
+        match op {
             Op::Acquire {
                 cost,
                 max_wait,
                 fly,
             } => self
                 .acquire(limits, now, cost, max_wait, fly, lease, id)
-                .map_err(|e| Error::from_bucket(key, cost, e))?,
+                .map_err(|e| Error::from_bucket(key, cost, e)),
             Op::Admit { ticket, fly } => self
                 .admit(limits, now, ticket.id(), fly, lease)
-                .map_err(|e| Error::from_bucket(key, Default::default(), e))?,
-            Op::Cancel { ticket } => self.cancel(now, ticket.id()),
-            Op::Adjust { delta } => self.adjust(limits, now, delta),
-            Op::Penalize { pause, spent } => self.penalize(limits, now, now.plus(pause), spent),
+                .map_err(|e| Error::from_bucket(key, Default::default(), e)),
+            Op::Cancel { ticket } => Ok(self.cancel(now, ticket.id())),
+            Op::Adjust { delta } => Ok(self.adjust(limits, now, delta)),
+            Op::Penalize { pause, spent } => Ok(self.penalize(limits, now, now.plus(pause), spent)),
             Op::Lower {
                 currency,
                 remaining,
-            } => self.lower(limits, now, currency, remaining),
-            Op::Sync(args) => self.sync(limits, now, &args),
+            } => Ok(self.lower(limits, now, currency, remaining)),
+            Op::Sync(args) => Ok(self.sync(limits, now, &args)),
             Op::Settle {
                 flight,
                 charged,
                 used,
                 last,
-            } => self.settle(limits, now, flight, charged, used, last),
-            Op::Snapshot => return Ok(Outcome::Snapshot(self.snapshot(limits, now))),
-            Op::Ping => Step::Done,
-        };
-        Ok(outcome(step))
-    }
-}
-
-/// A step of the rule book as a store's answer.
-fn outcome(step: Step) -> Outcome {
-    let nanos = Duration::from_nanos;
-    match step {
-        Step::Admitted => Outcome::Admitted,
-        Step::Flying { flight } => Outcome::Flying(flight),
-        Step::Queued { id, due_in } => Outcome::Queued {
-            ticket: Ticket::new(id),
-            due_in: nanos(due_in),
-        },
-        Step::NotYet { wait } => Outcome::NotYet(nanos(wait)),
-        Step::Behind { wait } => Outcome::Behind(nanos(wait)),
-        Step::Lost => Outcome::Lost,
-        Step::Done => Outcome::Done,
-        Step::Lowered(tokens) => Outcome::Lowered(tokens),
-        Step::Emptied(tokens) => Outcome::Emptied(tokens),
-        Step::Synced(synced) => Outcome::Synced(synced),
-        Step::Settled(delta) => Outcome::Settled(delta),
+            } => Ok(self.settle(limits, now, flight, charged, used, last)),
+            Op::Snapshot => Ok(Outcome::Snapshot(self.snapshot(limits, now))),
+            Op::Ping => Ok(Outcome::Done),
+        }
     }
 }

@@ -10,7 +10,7 @@ use crate::rate::PerCurrency;
 
 /// One waiting call's place.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Ticket {
+pub(crate) struct Place {
     pub(crate) id: u64,
     pub(crate) cost: Cost,
     pub(crate) lease_until: Nanos,
@@ -18,7 +18,7 @@ pub(crate) struct Ticket {
 
 #[derive(Debug)]
 pub(crate) struct Queue {
-    pub(crate) tickets: VecDeque<Ticket>,
+    pub(crate) tickets: VecDeque<Place>,
     /// What the tickets will pay, in all.
     pub(crate) pending: Cost,
     /// The levels after every queued ticket has paid, as of the last one's due time; `None`

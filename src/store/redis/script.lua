@@ -1,7 +1,8 @@
 -- tollgate: one key's windows, queue and calls in flight, checked and changed all or nothing,
--- in one round trip. A port of the rule book in src/bucket/ (state.rs, queue.rs, flights.rs),
--- function for function; tests/redis/differential.rs runs both on the same random sequences
--- and compares every answer. Where the two must differ it says so here, and why.
+-- in one round trip. A port of the rule book in src/bucket/ (state.rs with state/admission.rs
+-- and state/ledger.rs, queue.rs, flights.rs), function for function;
+-- tests/redis/differential.rs runs both on the same random sequences and compares every
+-- answer. Where the two must differ it says so here, and why.
 --
 -- The constants in double braces are filled in from the Rust constants when the script is
 -- loaded (src/store/redis/script.rs), never copied by hand.
@@ -908,6 +909,7 @@ local function went(cost, flying)
   return {'ok', now}
 end
 
+-- Admission (the rule book's bucket/state/admission.rs): acquire, admit, cancel, adjust ----
 if op == 'acquire' then
   local cost = cost_args(args + 1, 0)
   local max_wait = int(ARGV[args + NC + 1], -1, MAX)
@@ -1058,6 +1060,7 @@ elseif op == 'adjust' then
   apply(delta)
   store()
   return {'done', now}
+-- The provider's ledger (bucket/state/ledger.rs): penalize, lower, sync, settle -----------
 elseif op == 'penalize' then
   local pause = int(ARGV[args + 1], 0, MAX - now)
   local spent = int(ARGV[args + 2], 0, 15)

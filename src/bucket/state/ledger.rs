@@ -1,0 +1,287 @@
+//! The provider's ledger: what a provider said, kept against what the key charged. A 429 empties
+//! the windows it names and pauses the key (penalize); a provider's `remaining` count lowers a
+//! window (lower) or is compared, call by call, with what the windows held when the call went
+//! out (sync); an answer's usage settles what its call was charged (settle). The calls in
+//! flight they read are [`Flights`]. The Redis script's `penalize`, `lower`, `sync` and
+//! `settle` port this.
+
+use super::*;
+
+impl KeyState {
+    /// What a provider's 429 means: the windows of the `spent` currencies emptied (what they
+    /// held is the cover of every call in flight, which the refusal counted), and nothing
+    /// passes before `until`. A longer pause already in force wins; the windows refill during
+    /// the pause as always.
+    pub(crate) fn penalize(
+        &mut self,
+        limits: &Limits,
+        now: Nanos,
+        until: Nanos,
+        spent: Currencies,
+    ) -> Outcome {
+        self.refilled(limits, now);
+        let mut emptied: PerCurrency<Option<u64>> = PerCurrency::splat(None);
+        for ((c, w), level) in windows(limits).zip(self.real.units.iter_mut()) {
+            if spent.contains(c) {
+                let held = u64::try_from(w.whole((*level).max(0))).unwrap_or(u64::MAX);
+                let slot = &mut emptied[c];
+                *slot = Some(slot.map_or(held, |e| e.min(held)));
+                *level = (*level).min(0);
+            }
+        }
+        let emptied = emptied.map(|e| e.unwrap_or(0));
+        self.paused_until = self.paused_until.max(until);
+        if let Some(flights) = self.flights.as_mut()
+            && let Some(last) = flights.list.back()
+        {
+            flights.covers = last.id;
+            for c in Currency::ALL {
+                if spent.contains(c) {
+                    flights.cover[c] = emptied[c];
+                    // What the windows held, the provider says is spent: taken off for spending
+                    // elsewhere, like a sync's correction.
+                    flights.corrected[c] =
+                        flights.corrected[c].saturating_add(clamp_i64(i128::from(emptied[c])));
+                }
+            }
+        }
+        self.replan();
+        Outcome::Emptied(emptied)
+    }
+
+    /// Lowers every window of `currency` to at most `remaining` tokens (a provider's
+    /// `remaining` header): never raises one.
+    pub(crate) fn lower(
+        &mut self,
+        limits: &Limits,
+        now: Nanos,
+        currency: Currency,
+        remaining: u64,
+    ) -> Outcome {
+        self.refilled(limits, now);
+        // How far above `remaining` the window closest to it was (negative: below).
+        let mut above: Option<i64> = None;
+        for ((c, w), level) in windows(limits).zip(self.real.units.iter_mut()) {
+            if c == currency {
+                let target = w.units(remaining.min(w.rate.burst()));
+                let tokens = clamp_i64(w.whole(*level - target));
+                above = Some(above.map_or(tokens, |a| a.min(tokens)));
+                *level = (*level).min(target);
+            }
+        }
+        self.replan();
+        Outcome::Lowered(above.unwrap_or(0))
+    }
+
+    /// Adds `tokens` (negative: takes them) to every window of `currency`, within capacity and
+    /// the debt floor.
+    fn shift(&mut self, limits: &Limits, currency: Currency, tokens: i64) {
+        let mut delta = Delta::default();
+        delta[currency] = tokens;
+        self.add_delta(limits, delta);
+    }
+
+    /// A header sync: brings the windows in line with what a provider's answer to call
+    /// `args.flight` says was left when the call arrived, never raising them past it.
+    ///
+    /// First the spending elsewhere that the gate's model says happened is charged (and
+    /// counted as corrected). Then, per currency the answer counted, what the currency's
+    /// tightest window held when the call went out (its record) is compared with the count:
+    /// the excess is what was spent elsewhere by then, less what calls that went out just
+    /// before it and may not have arrived first were charged. Less what has been corrected
+    /// since the call went out, plus the margin, that much is taken off every window of the
+    /// currency now (and counted as corrected); when it is negative, up to `returnable` of what
+    /// the model charged comes back. What a sync takes off for spending it found is the cover
+    /// of the calls the count held (see [`flights`](super::flights)).
+    ///
+    /// A call the key no longer remembers (or never did: a gate's first call, before its limits
+    /// were known) has no record to compare with: its count lowers every window of the
+    /// currency to at most the count, as [`lower`](KeyState::lower) does.
+    pub(crate) fn sync(&mut self, limits: &Limits, now: Nanos, args: &SyncArgs) -> Outcome {
+        let now = self.refilled(limits, now);
+        self.add_delta(limits, args.foreign.map(|t| -clamp_i64(i128::from(t))));
+        if let Some(flights) = self.flights.as_deref_mut() {
+            for c in Currency::ALL {
+                flights.corrected[c] =
+                    flights.corrected[c].saturating_add(clamp_i64(i128::from(args.foreign[c])));
+            }
+        }
+        let found = self
+            .flights
+            .as_deref()
+            .and_then(|f| f.find(args.flight).map(|i| (i, f.list[i], f.close_to(i))));
+        let ambiguous = found.is_none_or(|(_, _, (_, ambiguous))| ambiguous);
+        let back = args.refused.unwrap_or(crate::Currencies::NONE);
+        if args.refused.is_some() {
+            // The provider refused the call and counted nothing of it in the currencies it
+            // gives back: what it was charged there comes back, and it is done (an adapter
+            // that retries admits it again).
+            let mut charged = found.map_or(args.charged.per_currency(), |(_, f, _)| f.charged);
+            for c in Currency::ALL {
+                if !back.contains(c) {
+                    charged[c] = 0;
+                }
+            }
+            self.add_delta(limits, charged.map(|c| clamp_i64(i128::from(c))));
+            if let (Some(flights), Some((i, _, _))) = (self.flights.as_deref_mut(), found) {
+                for c in Currency::ALL {
+                    if back.contains(c) {
+                        flights.list[i].charged[c] = 0;
+                    }
+                }
+                flights.list[i].done = true;
+            }
+        }
+        let mut above: PerCurrency<Option<i64>> = PerCurrency::splat(None);
+        let mut spent: PerCurrency<Option<i64>> = PerCurrency::splat(None);
+        let mut lowered = PerCurrency::splat(0u64);
+        let mut returned = PerCurrency::splat(0u64);
+        for c in Currency::ALL {
+            let (Some(remaining), Some(tight)) = (args.remaining[c], tightest(limits, c)) else {
+                continue;
+            };
+            let w = Window {
+                rate: limits.flat()[tight].1,
+            };
+            let counted = w.units(remaining.min(w.rate.burst()));
+            let Some((_, flight, (before, _))) = found else {
+                above[c] = Some(clamp_i64(w.whole(self.real.units[tight] - counted)));
+                for ((currency, w), level) in windows(limits).zip(self.real.units.iter_mut()) {
+                    if currency == c {
+                        *level = (*level).min(w.units(remaining.min(w.rate.burst())));
+                    }
+                }
+                continue;
+            };
+            // The call's own charge is in its record; a refused call is not in the count where
+            // the provider gave it back.
+            let mut held = flight.level[c];
+            if back.contains(c) {
+                held -= w.units_capped(flight.charged[c]);
+            }
+            // What was spent elsewhere if the provider counted the calls in the order they went
+            // out: a sample for the model, right on average.
+            let likely = clamp_i64(w.whole(held - counted));
+            // Calls that went out close to it are left out, whichever side of it they were
+            // counted on: what is taken off is never more than was spent elsewhere.
+            let excess = clamp_i64(w.whole(held - w.units_capped(before[c]) - counted));
+            let corrected = self.flights.as_deref().map_or(0, |f| f.corrected[c]);
+            let since = corrected.saturating_sub(flight.corrected[c]);
+            above[c] = Some(excess);
+            spent[c] = Some(likely.saturating_add(flight.corrected[c]));
+            // What this count finds spent elsewhere beyond what was corrected: the likely
+            // amount, but never more than the margin beyond the least there can be (a burst
+            // that reached the provider in another order can't take off more than that).
+            let margin = clamp_i64(i128::from(args.margin[c]));
+            let found_more = likely
+                .saturating_sub(since)
+                .min(excess.saturating_sub(since).saturating_add(margin));
+            // A margin held ready for spending elsewhere applies only when this count finds
+            // more of it.
+            let margin = if args.margin_if_above[c] && found_more <= 0 {
+                0
+            } else {
+                margin
+            };
+            let take = found_more.saturating_add(margin);
+            let Some(flights) = self.flights.as_deref_mut() else {
+                continue;
+            };
+            if take > 0 {
+                flights.corrected[c] = flights.corrected[c].saturating_add(take);
+                lowered[c] = take.unsigned_abs();
+                if found_more > 0 {
+                    flights.cover[c] = found_more.min(take).unsigned_abs();
+                    flights.covers = flight.id;
+                }
+                self.shift(limits, c, -take);
+            } else if take < 0 {
+                let back = take.unsigned_abs().min(args.returnable[c]);
+                if back > 0 {
+                    flights.corrected[c] =
+                        flights.corrected[c].saturating_sub(clamp_i64(i128::from(back)));
+                    returned[c] = back;
+                    self.shift(limits, c, clamp_i64(i128::from(back)));
+                }
+            }
+        }
+        let since = found.map_or(0, |(_, f, _)| now.0 - f.at.0);
+        if args.refused.is_some()
+            && let Some(flights) = self.flights.as_deref_mut()
+        {
+            flights.prune(now);
+            if flights.list.is_empty() {
+                self.flights = None;
+            }
+        }
+        self.replan();
+        Outcome::Synced(Box::new(Synced {
+            above,
+            spent,
+            ambiguous,
+            since: std::time::Duration::from_nanos(since),
+            lowered,
+            returned,
+        }))
+    }
+
+    /// Settles call `flight` (charged `charged`, if the key no longer remembers it) with what
+    /// it used, per currency (`None`: as charged): a refund for an overestimate; for an
+    /// underestimate, a charge, less what the cover of a sync that counted the call pays
+    /// (never more than that cover holds). With `last`, the call is done.
+    pub(crate) fn settle(
+        &mut self,
+        limits: &Limits,
+        now: Nanos,
+        flight: u64,
+        charged: Cost,
+        used: PerCurrency<Option<u64>>,
+        last: bool,
+    ) -> Outcome {
+        let now = self.refilled(limits, now);
+        let mut flights = self.flights.as_mut();
+        let found = flights.as_ref().and_then(|f| f.find(flight));
+        let mut was = charged.per_currency();
+        let mut coverable = false;
+        if let (Some(flights), Some(i)) = (&flights, found) {
+            was = flights.list[i].charged;
+            coverable = flights.list[i].id <= flights.covers;
+        }
+        let mut delta = Delta::default();
+        for c in Currency::ALL {
+            let Some(used) = used[c] else {
+                continue;
+            };
+            if limits.of(c).is_empty() {
+                continue;
+            }
+            let difference = i128::from(was[c]) - i128::from(used);
+            delta[c] = if difference >= 0 {
+                clamp_i64(difference)
+            } else {
+                let shortfall = u64::try_from(-difference).unwrap_or(u64::MAX);
+                let covered = match flights.as_deref_mut() {
+                    Some(flights) if coverable => {
+                        let covered = shortfall.min(flights.cover[c]);
+                        flights.cover[c] -= covered;
+                        covered
+                    }
+                    _ => 0,
+                };
+                -clamp_i64(i128::from(shortfall - covered))
+            };
+            if let (Some(flights), Some(f)) = (flights.as_deref_mut(), found) {
+                flights.list[f].charged[c] = used;
+            }
+        }
+        if last && let (Some(flights), Some(f)) = (flights, found) {
+            flights.list[f].done = true;
+            flights.prune(now);
+            if flights.list.is_empty() {
+                self.flights = None;
+            }
+        }
+        self.add_delta(limits, delta);
+        Outcome::Settled(delta)
+    }
+}
