@@ -45,10 +45,8 @@ pub(crate) struct Flights {
     pub(crate) next: u64,
     /// In the order they went out (which is the order of their numbers).
     pub(crate) list: VecDeque<Flight>,
-    /// Tokens per currency that a sync took off the windows to reach the provider's count.
-    pub(crate) cover: PerCurrency<u64>,
-    /// Calls numbered up to this one were in that count, and may settle against the cover.
-    pub(crate) covers: u64,
+    /// What the last sync or penalty took off the windows for calls the provider had counted.
+    pub(crate) cover: Cover,
     /// Whole tokens per currency taken off (positive) or given back (negative) for spending
     /// elsewhere since the ledger began: by syncs, and by the gate's model of that spending.
     pub(crate) corrected: PerCurrency<i64>,
@@ -101,8 +99,8 @@ impl Flights {
         {
             self.list.pop_front();
         }
-        if self.list.front().is_none_or(|f| f.id > self.covers) {
-            self.cover = PerCurrency::default();
+        if self.list.front().is_none_or(|f| !self.cover.counted(f.id)) {
+            self.cover.tokens = PerCurrency::default();
         }
     }
 
@@ -128,5 +126,55 @@ impl Flights {
             }
         }
         (close, ambiguous)
+    }
+}
+
+/// The cover: what a provider's count showed spent, and the key took off its windows to
+/// match (a sync that lowered them, a 429 that emptied them), for the calls that count held.
+/// The provider had counted those calls at their true cost, so one of them that settles above
+/// its charge draws the difference from here before the windows are charged: never more than
+/// what was taken off, so a provider that says little (or lies) can never leave a shortfall
+/// uncharged beyond it.
+///
+/// The one rule of both ledgers: the store's, over the calls in flight numbered by
+/// [`Flights`] (a sync covers calls up to the one it answered; a penalty, up to the last
+/// out), and a limiter's own, for permits settled without a flight (numbered by the count of
+/// penalties before them, so that a penalty covers the permits admitted before it).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Cover {
+    /// Whole tokens per currency taken off for the counted calls, not yet drawn.
+    pub(crate) tokens: PerCurrency<u64>,
+    /// Calls numbered up to this one were counted.
+    pub(crate) upto: u64,
+}
+
+impl Cover {
+    /// Whether call `call` was in the count.
+    pub(crate) fn counted(&self, call: u64) -> bool {
+        call <= self.upto
+    }
+
+    /// What the cover pays of call `call`'s `shortfall` in `currency`: nothing for a call the
+    /// count did not hold, else as much as is left, taken from it.
+    pub(crate) fn draw(&mut self, call: u64, currency: Currency, shortfall: u64) -> u64 {
+        if !self.counted(call) {
+            return 0;
+        }
+        let paid = shortfall.min(self.tokens[currency]);
+        self.tokens[currency] -= paid;
+        paid
+    }
+}
+
+/// What settling a call charged `charged` that used `used` adds to its currency's windows: the
+/// overestimate back, or the shortfall charged less what `cover` pays of it (given the
+/// shortfall). Saturates at `i64`'s range.
+pub(crate) fn settlement(charged: u64, used: u64, cover: impl FnOnce(u64) -> u64) -> i64 {
+    let saturate = |tokens: u64| i64::try_from(tokens).unwrap_or(i64::MAX);
+    if used <= charged {
+        saturate(charged - used)
+    } else {
+        let shortfall = used - charged;
+        -saturate(shortfall - cover(shortfall).min(shortfall))
     }
 }

@@ -22,7 +22,7 @@ mod line;
 mod permit;
 mod provider;
 
-use provider::Cover;
+use crate::bucket::flights::Cover;
 mod wait;
 
 pub use builder::{LimiterBuilder, WaitPolicy};

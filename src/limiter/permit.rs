@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use super::Limiter;
+use crate::bucket::flights::settlement;
 use crate::cost::{Cost, Usage};
 use crate::error::Error;
 use crate::rate::{Currency, PerCurrency};
@@ -206,13 +207,9 @@ impl<S: Store> Permit<S> {
                 let mut delta = PerCurrency::splat(0i64);
                 for c in Currency::ALL {
                     let Some(used) = used[c] else { continue };
-                    delta[c] = if used <= charged[c] {
-                        clamp(u128::from(charged[c] - used))
-                    } else {
-                        let shortfall = used - charged[c];
-                        let covered = self.limiter.covered(self.penalties, c, shortfall);
-                        -clamp(u128::from(shortfall - covered))
-                    };
+                    delta[c] = settlement(charged[c], used, |shortfall| {
+                        self.limiter.covered(self.penalties, c, shortfall)
+                    });
                 }
                 if delta != PerCurrency::default() {
                     self.limiter.call_bounded(Op::Adjust { delta }).await?;

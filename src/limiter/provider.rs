@@ -11,18 +11,11 @@ use tracing::Instrument;
 
 use super::{Limiter, Permit, unexpected};
 use crate::bucket::SyncArgs;
+use crate::bucket::flights::Cover;
 use crate::cost::Cost;
 use crate::error::Error;
 use crate::rate::{Currencies, Currency, PerCurrency};
 use crate::store::{Op, Outcome, Store};
-
-/// What the last penalty emptied, per currency, and which penalty that was: what settlements
-/// of calls sent before it may charge their shortfalls against instead of the windows.
-#[derive(Debug, Default)]
-pub(super) struct Cover {
-    penalty: u64,
-    tokens: PerCurrency<u64>,
-}
 
 impl<S: Store> Limiter<S> {
     /// What a provider's 429 means for this key: empties its windows (every currency a
@@ -82,8 +75,10 @@ impl<S: Store> Limiter<S> {
             .cover
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Cover {
-            penalty,
             tokens: emptied,
+            // Permits are numbered by the penalties before them: this one covers those
+            // admitted before it.
+            upto: penalty - 1,
         };
         self.meters().penalties.increment(1);
         self.inner.line.replan();
@@ -91,20 +86,15 @@ impl<S: Store> Limiter<S> {
         Ok(())
     }
 
-    /// Takes what a permit admitted before penalty number `penalties` may leave uncharged of
-    /// a `shortfall` in currency `index`: what the last penalty emptied, as far as it goes.
+    /// Takes what a permit admitted after `penalties` penalties may leave uncharged of a
+    /// `shortfall` in `currency`: what a later penalty emptied, as far as it goes (the
+    /// [`Cover`] rule, as the store's ledger applies it to calls in flight).
     pub(crate) fn covered(&self, penalties: u64, currency: Currency, shortfall: u64) -> u64 {
-        let mut cover = self
-            .inner
+        self.inner
             .cover
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if cover.penalty <= penalties {
-            return 0;
-        }
-        let covered = shortfall.min(cover.tokens[currency]);
-        cover.tokens[currency] -= covered;
-        covered
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .draw(penalties, currency, shortfall)
     }
 
     /// Adds `delta` to every window of each currency: a positive amount is a refund (never

@@ -6,6 +6,7 @@
 //! `settle` port this.
 
 use super::*;
+use crate::bucket::flights::settlement;
 
 impl KeyState {
     /// What a provider's 429 means: the windows of the `spent` currencies emptied (what they
@@ -34,10 +35,10 @@ impl KeyState {
         if let Some(flights) = self.flights.as_mut()
             && let Some(last) = flights.list.back()
         {
-            flights.covers = last.id;
+            flights.cover.upto = last.id;
             for c in Currency::ALL {
                 if spent.contains(c) {
-                    flights.cover[c] = emptied[c];
+                    flights.cover.tokens[c] = emptied[c];
                     // What the windows held, the provider says is spent: taken off for spending
                     // elsewhere, like a sync's correction.
                     flights.corrected[c] =
@@ -191,8 +192,8 @@ impl KeyState {
                 flights.corrected[c] = flights.corrected[c].saturating_add(take);
                 lowered[c] = take.unsigned_abs();
                 if found_more > 0 {
-                    flights.cover[c] = found_more.min(take).unsigned_abs();
-                    flights.covers = flight.id;
+                    flights.cover.tokens[c] = found_more.min(take).unsigned_abs();
+                    flights.cover.upto = flight.id;
                 }
                 self.shift(limits, c, -take);
             } else if take < 0 {
@@ -242,10 +243,11 @@ impl KeyState {
         let mut flights = self.flights.as_mut();
         let found = flights.as_ref().and_then(|f| f.find(flight));
         let mut was = charged.per_currency();
-        let mut coverable = false;
+        // A call the key no longer remembers is one no count is known to have held.
+        let mut number = None;
         if let (Some(flights), Some(i)) = (&flights, found) {
             was = flights.list[i].charged;
-            coverable = flights.list[i].id <= flights.covers;
+            number = Some(flights.list[i].id);
         }
         let mut delta = Delta::default();
         for c in Currency::ALL {
@@ -255,21 +257,12 @@ impl KeyState {
             if limits.of(c).is_empty() {
                 continue;
             }
-            let difference = i128::from(was[c]) - i128::from(used);
-            delta[c] = if difference >= 0 {
-                clamp_i64(difference)
-            } else {
-                let shortfall = u64::try_from(-difference).unwrap_or(u64::MAX);
-                let covered = match flights.as_deref_mut() {
-                    Some(flights) if coverable => {
-                        let covered = shortfall.min(flights.cover[c]);
-                        flights.cover[c] -= covered;
-                        covered
-                    }
+            delta[c] = settlement(was[c], used, |shortfall| {
+                match (flights.as_deref_mut(), number) {
+                    (Some(flights), Some(call)) => flights.cover.draw(call, c, shortfall),
                     _ => 0,
-                };
-                -clamp_i64(i128::from(shortfall - covered))
-            };
+                }
+            });
             if let (Some(flights), Some(f)) = (flights.as_deref_mut(), found) {
                 flights.list[f].charged[c] = used;
             }
