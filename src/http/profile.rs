@@ -404,7 +404,7 @@ impl Profile {
     }
 
     /// The price `model` is billed at: its own entry's, or that of the model it is a dated
-    /// snapshot of (see [`models`](super::models)); `None` for a name the table doesn't price.
+    /// snapshot of (see [`models`]); `None` for a name the table doesn't price.
     pub fn price_of(&self, model: &str) -> Option<Price> {
         models::find_priced(&self.models, model).and_then(|m| m.price)
     }

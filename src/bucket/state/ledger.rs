@@ -93,7 +93,7 @@ impl KeyState {
     /// since the call went out, plus the margin, that much is taken off every window of the
     /// currency now (and counted as corrected); when it is negative, up to `returnable` of what
     /// the model charged comes back. What a sync takes off for spending it found is the cover
-    /// of the calls the count held (see [`flights`](super::flights)).
+    /// of the calls the count held (see [`flights`](crate::bucket::flights)).
     ///
     /// A call the key no longer remembers (or never did: a gate's first call, before its limits
     /// were known) has no record to compare with: its count lowers every window of the
