@@ -16,7 +16,7 @@
 //! - **Named for the promise it keeps**: `refusal_keeps_partial_credit`, not `test_refusal`.
 //!   Read the name, break the behaviour on purpose, and the test must fail.
 //! - **Exact values where the arithmetic is exact.** Levels are compared with
-//!   [`Tokens::is`](tollgate::Tokens) or whole tokens, hints to the nanosecond (memory) or
+//!   [`Amount::is`](tollgate::Amount::is) or whole tokens, hints to the nanosecond (memory) or
 //!   millisecond (Redis). An expected value is computed independently of the code under test
 //!   (by hand, by a reference implementation such as tiktoken-rs, or by exact rational
 //!   arithmetic in the test), never by calling the function being checked.

@@ -226,7 +226,7 @@ impl RedisCluster {
             .collect()
     }
 
-    /// The address for [`RedisStore::connect`]: `redis+cluster://` and every node.
+    /// The address for [`RedisStore::connect`](tollgate::store::redis::RedisStore::connect): `redis+cluster://` and every node.
     pub fn url(&self) -> String {
         let hosts: Vec<String> = self
             .nodes
