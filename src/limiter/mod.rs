@@ -404,7 +404,7 @@ impl<S: Store> Limiter<S> {
     ) -> Result<Permit<S>, Error> {
         let start = Instant::now();
         let deadline = timeout.and_then(|t| start.checked_add(t));
-        self.instrumented(cost, start, deadline).await
+        self.instrumented(cost, start, deadline, false).await
     }
 
     /// Waits until every window can pay `cost`, or until `deadline`.
@@ -423,14 +423,17 @@ impl<S: Store> Limiter<S> {
         cost: Cost,
         deadline: Option<Instant>,
     ) -> Result<Permit<S>, Error> {
-        self.instrumented(cost, Instant::now(), deadline).await
+        self.instrumented(cost, Instant::now(), deadline, false)
+            .await
     }
 
+    /// Waits for `cost` inside the acquire span; `fly`: remember the call as in flight.
     async fn instrumented(
         &self,
         cost: Cost,
         start: Instant,
         deadline: Option<Instant>,
+        fly: bool,
     ) -> Result<Permit<S>, Error> {
         let span = tracing::debug_span!(
             "tollgate.acquire",
@@ -438,9 +441,7 @@ impl<S: Store> Limiter<S> {
             requests = cost.requests,
             tokens = cost.tokens
         );
-        self.wait(cost, start, deadline, false)
-            .instrument(span)
-            .await
+        self.wait(cost, start, deadline, fly).instrument(span).await
     }
 
     /// What every window of the key holds now, by currency.

@@ -7,7 +7,6 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tracing::Instrument;
 
 use super::{Limiter, Permit, unexpected};
 use crate::bucket::SyncArgs;
@@ -194,14 +193,6 @@ impl<S: Store> Limiter<S> {
     ) -> Result<Permit<S>, Error> {
         let start = Instant::now();
         let deadline = timeout.and_then(|t| start.checked_add(t));
-        let span = tracing::debug_span!(
-            "tollgate.acquire",
-            key = %self.inner.key,
-            requests = cost.requests,
-            tokens = cost.tokens
-        );
-        self.wait(cost, start, deadline, true)
-            .instrument(span)
-            .await
+        self.instrumented(cost, start, deadline, true).await
     }
 }
