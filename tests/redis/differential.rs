@@ -90,17 +90,20 @@ fn kind(err: &Error) -> String {
     text.split([' ', '{', '(']).next().unwrap_or("").to_owned()
 }
 
+/// The smallest burst of `currency`'s windows (0 without any): the most one call can cost in it.
+pub(crate) fn smallest_burst(limits: &Limits, currency: Currency) -> u64 {
+    limits
+        .of(currency)
+        .as_slice()
+        .iter()
+        .map(|r| r.burst())
+        .min()
+        .unwrap_or(0)
+}
+
 /// A cost that fits every window.
 fn cost(rng: &mut Lcg, limits: &Limits) -> Cost {
-    let most = |currency: Currency| {
-        limits
-            .of(currency)
-            .as_slice()
-            .iter()
-            .map(|r| r.burst())
-            .min()
-            .unwrap_or(0)
-    };
+    let most = |currency: Currency| smallest_burst(limits, currency);
     let pick = |rng: &mut Lcg, most: u64| {
         if most == 0 || rng.below(4) == 0 {
             0

@@ -17,6 +17,8 @@ use tollgate::{Cost, Currency, Error, Limits, PerCurrency, Rates, Store};
 use tollgate_testkit::Lcg;
 use tollgate_testkit::redis::RedisServer;
 
+use crate::differential::smallest_burst;
+
 const LEASE: Duration = Duration::from_secs(1);
 const SEQUENCES: u64 = 300;
 const STEPS: u64 = 40;
@@ -32,16 +34,6 @@ fn limit_sets() -> Vec<Limits> {
             .unwrap()
             .with_spend(Rates::parse_money("$50/d burst $0.01").unwrap()),
     ]
-}
-
-fn smallest_burst(limits: &Limits, currency: Currency) -> u64 {
-    limits
-        .of(currency)
-        .as_slice()
-        .iter()
-        .map(|r| r.burst())
-        .min()
-        .unwrap_or(0)
 }
 
 /// A cost: mostly one that fits, sometimes one above the smallest burst of a currency (both
