@@ -477,3 +477,47 @@ fn the_script_answers_every_operation_exactly_as_the_rule_book() {
         }
     });
 }
+
+/// The traces step an explicit clock that runs far ahead of, or behind, the server's. A key
+/// charged at an explicit time must keep what it holds however much real time passes before
+/// the next step: were it expired on the server's clock (its expiry is the few milliseconds
+/// its windows take to refill), the next step would find it full where the rule book does not.
+/// Real time is the point here, so this test sleeps (50 ms).
+#[test]
+fn a_key_on_an_explicit_clock_outlives_the_servers() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    tollgate_testkit::local_runtime().block_on(async {
+        let config = RedisConfig::default().with_lease(LEASE);
+        let store = RedisStore::connect_with(&server.url(), config)
+            .await
+            .unwrap();
+        let limits = Limits::parse("1000/s", "1000/s burst 200").unwrap();
+        let now_ms = 1_000_000;
+        // Both the fast path (a call that passes at once) and the full one (a call to fly).
+        for (name, fly) in [("explicit-fast", false), ("explicit-full", true)] {
+            let key = store.bind(name, &limits).unwrap();
+            let op = Op::Acquire {
+                cost: Cost::new(1, 3),
+                max_wait: None,
+                fly,
+            };
+            redis_apply_at(&store, &key, op.clone(), Some(now_ms))
+                .await
+                .unwrap();
+            // The call refills in 3 ms of the caller's clock (its expiry: 4 ms); 50 ms of the
+            // server's go by.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let (levels, _) = redis_apply_at(&store, &key, Op::Snapshot, Some(now_ms))
+                .await
+                .unwrap();
+            let mut fresh = RuleBook::new(&limits, Duration::from_millis(now_ms), LEASE);
+            fresh.apply(op, Duration::from_millis(now_ms)).unwrap();
+            let expected = fresh
+                .apply(Op::Snapshot, Duration::from_millis(now_ms))
+                .unwrap();
+            assert_eq!(levels, expected, "{name}");
+        }
+    });
+}

@@ -167,9 +167,11 @@ fn random_and_extreme_operations_always_answer_quickly() {
             }
             assert!(responsive(&server), "BUSY at step {step}");
         }
-        // Every kind of answer was seen, so no check above was idle.
+        // Every kind of answer was seen, so no check above was idle. (A key touched at an
+        // explicit time is kept, so it conflicts with other limits until a step on the server's
+        // clock gives it an expiry: about 1,700 answers and 650 conflicts.)
         assert!(
-            answered > 2_000 && conflicts > 50 && refused > 100 && too_large > 10,
+            answered > 1_500 && conflicts > 50 && refused > 100 && too_large > 10,
             "{answered} answers, {conflicts} conflicts, {refused} refusals, {too_large} too large"
         );
     });
