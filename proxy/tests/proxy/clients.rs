@@ -406,7 +406,7 @@ async fn anthropics_spent_quota_is_the_sdks_rate_limit_error_and_is_not_retried(
 /// runs): beside the other proxy tests on two cores, the proxy's sends and the stand-in's
 /// arrivals drift apart by the scheduler's delays, and a cold CI run once saw 7 429s where
 /// it saw 0 alone in five runs (the sync credits refill from when a call was sent, the
-/// stand-in counts it on arrival). Alone it is still flaky: on 2026-12-03, 4 of 20 runs let
+/// stand-in counts it on arrival). Alone it is still flaky: on 2026-12-03, 4 of 23 runs let
 /// 11 to 16 429s through and the rest none, at that day's code and the code before it alike;
 /// the cause is open, and `.ci/run` runs a failure once more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
