@@ -92,6 +92,7 @@ impl Gate {
                 };
                 let cost = self.cost_of(estimated, Some(limiter.limits()))?;
                 let permit = limiter.acquire_flight(cost, left()).await?;
+                trace_admitted(&limiter, cost).await;
                 return Ok(Call::new(
                     self.clone(),
                     state,
@@ -128,5 +129,23 @@ impl Gate {
             None => turn.await,
         };
         Ok(turn.expect("the semaphore is never closed"))
+    }
+}
+
+/// What the key's windows hold right after an admission, at `trace` level: beside a provider's
+/// own record of the same call, where the two first part is found.
+async fn trace_admitted(limiter: &crate::Limiter, cost: crate::Cost) {
+    if !tracing::enabled!(tracing::Level::TRACE) {
+        return;
+    }
+    if let Ok(snapshot) = limiter.snapshot().await {
+        let level = |c: crate::Currency| snapshot.least(c).map(|a| a.as_f64());
+        tracing::trace!(
+            key = %limiter.key(),
+            tokens = cost.tokens,
+            requests_left = ?level(crate::Currency::Requests),
+            tokens_left = ?level(crate::Currency::Tokens),
+            "admitted",
+        );
     }
 }

@@ -94,6 +94,25 @@ pub struct Stats {
     /// Every request as it was counted, in order: when, from the stand-in's start, and for a
     /// refusal the pause its `retry-after-ms` told.
     pub arrivals: Mutex<Vec<(Duration, Option<Duration>)>>,
+    /// Every request as the windows saw it on arrival, in order (see [`Arrival`]).
+    pub trace: Mutex<Vec<Arrival>>,
+}
+
+/// One request as the stand-in's windows saw it on arrival, before it was charged: what it
+/// needed and what the windows held, in whole and fractional units. A call's record beside the
+/// limiter's own view of the same instant is how a divergence between the two is found.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Arrival {
+    /// From the stand-in's start.
+    pub at: Duration,
+    /// What the request window held (negative: a debt, from refused requests counted).
+    pub requests: f64,
+    /// What the token window held (negative: a debt).
+    pub tokens: f64,
+    /// Its token charge: input as the stand-in counted it, plus the output reserved.
+    pub cost: u64,
+    /// Refused, and the pause its `retry-after-ms` told.
+    pub refused: Option<Duration>,
 }
 
 /// Whose headers, bodies and usage the stand-in speaks.
@@ -482,6 +501,11 @@ impl Window {
         (self.level / self.period_ns) as u64
     }
 
+    /// What the window holds, less its debt, in tokens (for the trace).
+    fn held(&self) -> f64 {
+        (self.level as f64 - self.debt as f64) / self.period_ns as f64
+    }
+
     /// How long until full again.
     fn reset(&self) -> Duration {
         let missing = self.limit * self.period_ns - self.level;
@@ -626,6 +650,7 @@ async fn serve(
         let now = Instant::now();
         windows.requests.refill(now);
         windows.tokens.refill(now);
+        let held = (windows.requests.held(), windows.tokens.held());
         let mut wait = Duration::ZERO;
         let mut short = None;
         for (kind, window_wait) in [
@@ -662,6 +687,18 @@ async fn serve(
         }
         let short_by = i64::try_from(token_cost).unwrap_or(0)
             - i64::try_from(windows.tokens.whole()).unwrap_or(0);
+        let told = (!wait.is_zero()).then(|| {
+            Duration::from_millis(
+                u64::try_from(wait.as_nanos().div_ceil(1_000_000).max(1)).unwrap_or(u64::MAX),
+            )
+        });
+        stats.trace.lock().unwrap().push(Arrival {
+            at: arrived,
+            requests: held.0,
+            tokens: held.1,
+            cost: token_cost,
+            refused: told,
+        });
         (wait, short, short_by, rate_headers(style, &windows))
     };
     let output = completion(input, named_reservation(&body), options);
