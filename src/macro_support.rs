@@ -198,17 +198,22 @@ impl Resolved<'_> {
         }
     }
 
-    /// After the provider refused attempt `attempt` (0-based): pauses the key for the
-    /// provider's Retry-After, or for a backoff that doubles from 1 s (capped at 60 s). The next
-    /// acquire then waits out the pause, with its own jitter.
+    /// After the provider refused the call `permit` paid for: pauses the key for the
+    /// provider's Retry-After (a second when it gave none; longer for each 429 in a row) and
+    /// brings its windows to where the provider's are ([`Permit::rate_limited`]). The next
+    /// acquire waits out the pause, and pays again.
     pub async fn rate_limited(
         &self,
+        permit: Permit,
         retry_after: Option<Duration>,
-        attempt: u32,
     ) -> Result<(), Error> {
-        let backoff = crate::Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
-        let pause = retry_after.unwrap_or_else(|| backoff.ceiling(attempt));
-        self.limiter.penalize(pause).await
+        permit.rate_limited(retry_after).await.map(|_| ())
+    }
+
+    /// The call succeeded: the next 429 on the key pauses it for the provider's own pause
+    /// again, not a longer one.
+    pub fn answered(&self) {
+        self.limiter.answered();
     }
 }
 

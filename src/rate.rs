@@ -144,6 +144,9 @@ impl Currencies {
     pub const NONE: Currencies = Currencies(0);
     /// Every currency.
     pub const ALL: Currencies = Currencies(0b1111);
+    /// What a provider counts: requests, tokens and output tokens (money is counted here
+    /// alone).
+    pub const PROVIDER: Currencies = Currencies(0b0111);
 
     const fn bit(currency: Currency) -> u8 {
         1 << currency.index()

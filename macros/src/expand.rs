@@ -225,21 +225,25 @@ pub(crate) fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenS
                 loop {
                     let (__tollgate_call, __tollgate_permit) = #admit;
                     let __tollgate_result: #output = __tollgate_body().await;
-                    #settle
                     if let ::core::result::Result::Err(__tollgate_refusal) = &__tollgate_result {
                         if __tollgate_attempt < #retries
                             && ::tollgate::RateLimited::is_rate_limited(__tollgate_refusal)
                         {
+                            // The key is paused, and its windows brought to the provider's:
+                            // the next admission waits for both, and pays again.
                             let __tollgate_after = ::tollgate::RateLimited::retry_after(__tollgate_refusal);
                             if let ::core::result::Result::Err(__tollgate_error) =
-                                __tollgate_call.rate_limited(__tollgate_after, __tollgate_attempt).await
+                                __tollgate_call.rate_limited(__tollgate_permit, __tollgate_after).await
                             {
                                 #fail;
                             }
                             __tollgate_attempt += 1;
                             continue;
                         }
+                    } else {
+                        __tollgate_call.answered();
                     }
+                    #settle
                     return __tollgate_result;
                 }
             }

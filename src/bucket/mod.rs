@@ -325,11 +325,48 @@ pub struct SyncArgs {
     /// Per currency, true: the margin applies only where the count of a call the key
     /// remembers finds more spending elsewhere than has been corrected.
     pub margin_if_above: PerCurrency<bool>,
-    /// The answer was a 429 (`Some`), and the call is done: what it was charged in the
-    /// currencies given here comes back, since the provider counted nothing of it there (OpenAI
-    /// and Gemini count a refused request against the request limit, so a gate following them
-    /// gives back its tokens but not its request).
+    /// The answer was a 429 (`Some`), and the call is done: the provider counted nothing of it
+    /// in the currencies given here (OpenAI and Gemini count a refused request against the
+    /// request limit, so a gate following them names its tokens but not its request), so its
+    /// count is read without the call there. Its charge is not given back: a 429 never raises
+    /// a window (a retry pays again).
     pub refused: Option<crate::Currencies>,
+}
+
+/// The call a provider's 429 refused, when the provider said when it would pass
+/// ([`Op::Penalize`](crate::store::Op::Penalize)): what lets a penalty bring the key's windows
+/// to where the provider's are, instead of only emptying them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Refusal {
+    /// The provider's own pause: the call would pass when it ends.
+    pub hint: Duration,
+    /// What the call needed, per currency (what it was charged).
+    pub need: PerCurrency<u64>,
+    /// Its number among the calls in flight ([`Outcome::Flying`](crate::store::Outcome::Flying)),
+    /// or 0: the calls that went out after it were not counted yet when it was refused.
+    pub flight: u64,
+    /// What went out after it, per currency, when the key does not remember the call (a
+    /// limiter's own count of what it admitted since).
+    pub later: PerCurrency<u64>,
+}
+
+impl Refusal {
+    /// A call that needed `need`, refused with the provider's pause `hint`, with `later` gone
+    /// out after it (and no number among the calls in flight).
+    pub fn new(hint: Duration, need: Cost, later: PerCurrency<u64>) -> Refusal {
+        Refusal {
+            hint,
+            need: need.per_currency(),
+            flight: 0,
+            later,
+        }
+    }
+
+    /// The same refusal, of call `flight` among the calls in flight.
+    pub fn of_flight(self, flight: u64) -> Refusal {
+        Refusal { flight, ..self }
+    }
 }
 
 /// What a header sync ([`Op::Sync`](crate::store::Op::Sync)) found and did; a currency the

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::{Available, KeyState, Nanos, SyncArgs, Synced};
+use super::{Available, KeyState, Nanos, Refusal, SyncArgs, Synced};
 use crate::cost::Cost;
 use crate::error::Error;
 use crate::rate::{Currencies, Currency, Limits, PerCurrency};
@@ -68,13 +68,18 @@ pub enum Op {
         /// Added to every window of each currency.
         delta: PerCurrency<i64>,
     },
-    /// A provider's 429: empties the windows of the `spent` currencies, and admits nothing for
-    /// `pause` (a longer pause already in force wins). Answers [`Outcome::Emptied`].
+    /// A provider's 429: admits nothing for `pause` (a longer pause already in force wins),
+    /// and lowers the windows of the `spent` currencies: with a `refusal`, the tightest window
+    /// of each to where the provider's is (it holds what the refused call needed when the
+    /// provider's own pause ends, less what went out after the call); without one, every
+    /// window of them to empty. Never raises one. Answers [`Outcome::Emptied`].
     Penalize {
         /// How long nothing passes.
         pause: Duration,
         /// The currencies the 429 says are used up.
         spent: Currencies,
+        /// The refused call, when the provider said when it would pass.
+        refusal: Option<Refusal>,
     },
     /// A provider's `remaining` count: lowers every window of `currency` to at most
     /// `remaining`; never raises one. Answers [`Outcome::Lowered`].
@@ -136,8 +141,8 @@ pub enum Outcome {
     /// to `remaining` held above it (what was taken off), or, negative, below it (nothing was
     /// taken, and this much more was left than the provider said).
     Lowered(i64),
-    /// What an [`Op::Penalize`] emptied: per currency, the whole tokens the closest window
-    /// held above zero.
+    /// What an [`Op::Penalize`] took off: per currency, the whole tokens the closest window
+    /// held above where it was brought.
     Emptied(PerCurrency<u64>),
     /// What an [`Op::Sync`] found and did (boxed: the rare large answer would otherwise make
     /// every admission's answer as large).
@@ -174,7 +179,11 @@ impl KeyState {
                 .map_err(|e| Error::from_bucket(key, Default::default(), e)),
             Op::Cancel { ticket } => Ok(self.cancel(now, ticket.id())),
             Op::Adjust { delta } => Ok(self.adjust(limits, now, delta)),
-            Op::Penalize { pause, spent } => Ok(self.penalize(limits, now, now.plus(pause), spent)),
+            Op::Penalize {
+                pause,
+                spent,
+                refusal,
+            } => Ok(self.penalize(limits, now, now.plus(pause), spent, refusal.as_ref())),
             Op::Lower {
                 currency,
                 remaining,

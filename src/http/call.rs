@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
@@ -17,7 +17,7 @@ use super::keys::GateKey;
 use super::usage::Reported;
 use super::verdict::Verdict;
 use super::verdict::{error_detail, spent};
-use crate::bucket::SyncArgs;
+use crate::bucket::{Refusal, SyncArgs};
 use crate::{Cost, Currency, Error, Limiter, Permit, Usage};
 
 /// One request on its way: admitted, and waiting for its response.
@@ -303,14 +303,22 @@ impl Call {
         }
         let refused = status == StatusCode::TOO_MANY_REQUESTS;
         self.errored = !refused && (status.is_client_error() || status.is_server_error());
+        // What the refused call needed, and what went out after it, as this process saw it
+        // (before the sync marks the call done).
+        let refused_call = self.permit.as_ref().map(|permit| {
+            let refusal = Refusal::new(Duration::ZERO, permit.cost(), permit.admitted_since());
+            match permit.flight() {
+                Some(flight) => refusal.of_flight(flight),
+                None => refusal,
+            }
+        });
         if let Some(limiter) = self.limiter() {
             match self.sync(&limiter, &read, refused).await {
-                // The provider counted a refused call only where its rules say: the sync gave
-                // the rest of its charge back.
+                // The call is done: the sync read the provider's count without it where the
+                // provider's rules say it counted nothing of it.
                 Ok(()) if refused => {
-                    let back = gate.profile.refusal_returns();
                     if let Some(permit) = self.permit.as_mut() {
-                        permit.refused(back);
+                        permit.refused();
                     }
                 }
                 Ok(()) => {}
@@ -326,6 +334,9 @@ impl Call {
                 .take(),
         );
         if !refused {
+            if let Some(limiter) = self.limiter() {
+                limiter.answered();
+            }
             return Verdict::Passed;
         }
         let (code, message, _) = error_body.map(error_detail).unwrap_or_default();
@@ -353,17 +364,26 @@ impl Call {
                 .filter_map(|r| r.reset)
                 .max()
         });
-        if let Some(limiter) = limiter {
-            limiter.meters().transient_429s.increment(1);
-            let cost = self.cost().unwrap_or_default();
-            let spent = spent(&read, cost, limiter.limits(), error_body);
-            let pause_for = pause.unwrap_or_else(|| gate.backoff.base());
-            if let Err(err) = limiter.penalize_spent(pause_for, spent).await {
+        let Some(limiter) = limiter else {
+            return Verdict::Transient { pause };
+        };
+        limiter.meters().transient_429s.increment(1);
+        let cost = self.cost().unwrap_or_default();
+        let spent = spent(&read, cost, limiter.limits(), error_body);
+        // With the provider's pause, the key's windows are brought to where the provider's
+        // are: the refused call's need is there when the pause ends.
+        let refusal = pause.and_then(|hint| refused_call.map(|r| Refusal { hint, ..r }));
+        let base = pause.unwrap_or_else(|| gate.backoff.base());
+        self.warn_if_retried_inside(pause);
+        match limiter.refused(base, spent, refusal).await {
+            Ok(paused) => Verdict::Transient {
+                pause: Some(paused),
+            },
+            Err(err) => {
                 self.failed("the penalty", &err);
+                Verdict::Transient { pause }
             }
-            self.warn_if_retried_inside(pause);
         }
-        Verdict::Transient { pause }
     }
 
     /// A 429 whose call took longer than its own pause to come back was most likely retried

@@ -19,7 +19,9 @@ pub enum Verdict {
     Passed,
     /// A rate limit: worth retrying after the pause (the key is paused for it already).
     Transient {
-        /// The provider's pause, when it gave one.
+        /// How long the key is paused: the provider's own pause for the first 429 in a row,
+        /// longer (with jitter) for each further one (`None`: the key's limits are not known
+        /// yet, and the provider gave no pause).
         pause: Option<Duration>,
     },
     /// A 429 no retry can fix: a spent quota or a spend limit.

@@ -222,6 +222,10 @@ impl<S: Store> LimiterBuilder<S> {
                 penalties: std::sync::atomic::AtomicU64::new(0),
                 cover: std::sync::Mutex::default(),
                 unsettled: AtomicUsize::new(0),
+                strikes: std::sync::atomic::AtomicU32::new(0),
+                admitted_total: crate::rate::PerCurrency::from_fn(|_| {
+                    std::sync::atomic::AtomicU64::new(0)
+                }),
                 off_worker_above: self.off_worker_above,
             }),
         })

@@ -80,6 +80,12 @@ struct Inner<S: Store> {
     /// Calls in flight that will settle (the HTTP gate's): refunds may still come, so a wait
     /// that looks longer than the deadline is not certain.
     unsettled: AtomicUsize,
+    /// The provider's 429s on this key in a row, in this process, since an answer that was not
+    /// one: each one's pause is longer (see [`Limiter::refused`]).
+    strikes: std::sync::atomic::AtomicU32,
+    /// What this limiter admitted since it was made, per currency: a refused call's permit
+    /// reads what went out after it from the difference.
+    admitted_total: PerCurrency<std::sync::atomic::AtomicU64>,
     /// Texts of at least this many bytes are counted off the async worker.
     off_worker_above: usize,
 }
@@ -352,7 +358,15 @@ impl<S: Store> Limiter<S> {
         if flight.is_some() {
             self.inner.unsettled.fetch_add(1, Ordering::AcqRel);
         }
-        Permit::new(self.clone(), cost, waited, penalties, flight)
+        let mut total = PerCurrency::splat(0u64);
+        for (c, amount) in cost.per_currency().iter() {
+            if *amount > 0 {
+                total[c] = self.inner.admitted_total[c]
+                    .fetch_add(*amount, Ordering::AcqRel)
+                    .wrapping_add(*amount);
+            }
+        }
+        Permit::new(self.clone(), cost, waited, penalties, flight, total)
     }
 
     /// Admits `cost` now if every window can pay for it (on top of every call waiting), without

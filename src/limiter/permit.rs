@@ -48,6 +48,9 @@ pub struct Permit<S: Store = AnyStore> {
     /// The call's number among the key's calls in flight, until it settles for the last time
     /// (calls that went out through the HTTP gate).
     flight: Option<u64>,
+    /// What the limiter had admitted, per currency, once this call was (in the currencies it
+    /// paid): what went out after it is the difference.
+    admitted_total: PerCurrency<u64>,
 }
 
 /// What settling changed, per currency: positive for a refund, negative for a charge.
@@ -69,6 +72,7 @@ impl<S: Store> Permit<S> {
         waited: Duration,
         penalties: u64,
         flight: Option<u64>,
+        admitted_total: PerCurrency<u64>,
     ) -> Permit<S> {
         Permit {
             limiter,
@@ -76,7 +80,67 @@ impl<S: Store> Permit<S> {
             waited,
             penalties,
             flight,
+            admitted_total,
         }
+    }
+
+    /// What this limiter admitted after this call, per currency (in the currencies it paid).
+    pub(crate) fn admitted_since(&self) -> PerCurrency<u64> {
+        let now = self.limiter.admitted_total();
+        PerCurrency::from_fn(|c| {
+            if self.cost.of(c) == 0 {
+                0
+            } else {
+                now[c].wrapping_sub(self.admitted_total[c])
+            }
+        })
+    }
+
+    /// The provider answered this call 429: the key is paused, and the windows of the
+    /// currencies a provider counts come down to where the provider's are. `retry_after` is
+    /// the provider's own pause, if it gave one (else a second): the pause of the first 429 in
+    /// a row on the key; each further one before another answer doubles it, with jitter (0.8
+    /// to 1.2 of it, never below the provider's), up to a minute. Answers how long to wait
+    /// before the call goes again; the retry pays its own toll.
+    ///
+    /// With the provider's pause, the key's windows hold what this call needed exactly when
+    /// it ends, less what went out after it; without one, they are emptied. Either way a 429
+    /// never raises a window, whatever the provider's refusals cost it there (OpenAI and Gemini
+    /// count refused requests).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Cost, Limiter, Limits};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), tollgate::Error> {
+    /// let limiter = Limiter::builder("k", Limits::parse("6/s", "")?).build()?;
+    /// let permit = limiter.acquire(Cost::call(0)).await?;
+    /// // The provider refused it, and will take it again in 300 ms.
+    /// let pause = permit.rate_limited(Some(Duration::from_millis(300))).await?;
+    /// assert_eq!(pause, Duration::from_millis(300));
+    /// // Its request window holds one request when the pause ends, not the 1.8 it would have
+    /// // refilled meanwhile: the provider counted its refusals.
+    /// tokio::time::sleep(pause).await;
+    /// assert_eq!(limiter.snapshot().await?.requests().unwrap().whole(), 1);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn rate_limited(&self, retry_after: Option<Duration>) -> Result<Duration, Error> {
+        let refusal = retry_after.map(|hint| {
+            let refusal = crate::store::Refusal::new(hint, self.cost, self.admitted_since());
+            match self.flight {
+                Some(flight) => refusal.of_flight(flight),
+                None => refusal,
+            }
+        });
+        self.limiter
+            .refused(
+                retry_after.unwrap_or(UNSAID_PAUSE),
+                crate::Currencies::PROVIDER,
+                refusal,
+            )
+            .await
     }
 
     /// The call's number among the key's calls in flight (calls sent through the HTTP gate).
@@ -85,21 +149,12 @@ impl<S: Store> Permit<S> {
         self.flight
     }
 
-    /// The provider refused the call, and a sync gave its charge back in the currencies
-    /// `back` and marked it done in the store: nothing is left to settle or to give back.
+    /// The provider refused the call, and a sync marked it done in the store: nothing is left
+    /// to settle (its charge stays: a 429 never raises a window).
     #[cfg_attr(not(feature = "http"), allow(dead_code))]
-    pub(crate) fn refused(&mut self, back: crate::Currencies) {
+    pub(crate) fn refused(&mut self) {
         if self.flight.take().is_some() {
             self.limiter.landed();
-        }
-        if back.contains(crate::Currency::Requests) {
-            self.cost.requests = 0;
-        }
-        if back.contains(crate::Currency::Tokens) {
-            self.cost.tokens = 0;
-        }
-        if back.contains(crate::Currency::OutputTokens) {
-            self.cost.output_tokens = 0;
         }
     }
 
@@ -277,6 +332,9 @@ impl<S: Store> Drop for Permit<S> {
         }
     }
 }
+
+/// The pause of a 429 that does not say when to come back.
+const UNSAID_PAUSE: Duration = Duration::from_secs(1);
 
 fn clamp(amount: u128) -> i64 {
     i64::try_from(amount).unwrap_or(i64::MAX)

@@ -23,8 +23,7 @@ impl<S: Store> Limiter<S> {
     /// every process). A longer pause already in force wins. See
     /// [`parse_retry_after`](crate::parse_retry_after) for the header.
     pub async fn penalize(&self, retry_after: Duration) -> Result<(), Error> {
-        self.penalize_spent(retry_after, Currencies::ALL.without(Currency::Spend))
-            .await
+        self.penalize_spent(retry_after, Currencies::PROVIDER).await
     }
 
     /// Like [`penalize`](Limiter::penalize), but empties only the windows of the `spent`
@@ -56,10 +55,54 @@ impl<S: Store> Limiter<S> {
         retry_after: Duration,
         spent: Currencies,
     ) -> Result<(), Error> {
+        self.penalty(retry_after, spent, None).await
+    }
+
+    /// A 429 on the call `refusal` describes (or, `None`, on a call nobody knows): the key is
+    /// paused, the windows of the `spent` currencies come down to where the provider's are
+    /// (see [`Op::Penalize`]), and the pause is answered.
+    ///
+    /// The pause is `base` (the provider's own, where it gave one) for the first 429 in a row
+    /// on this key in this process; each further one before an answer that is not a 429
+    /// ([`answered`](Limiter::answered)) doubles it, with jitter (0.8 to 1.2 of it, never below
+    /// `base`), up to a minute (or `base`, if longer). Consecutive 429s mean the key's
+    /// picture of the provider is wrong in a way its counts can't fix (another program
+    /// spending, a provider slower to refill than it says): growing pauses bound what that
+    /// costs.
+    pub(crate) async fn refused(
+        &self,
+        base: Duration,
+        spent: Currencies,
+        refusal: Option<crate::store::Refusal>,
+    ) -> Result<Duration, Error> {
+        let strikes = self.inner.strikes.fetch_add(1, Ordering::AcqRel);
+        let pause = backed_off(base, strikes, rand::Rng::random::<f64>(&mut rand::rng()));
+        self.penalty(pause, spent, refusal).await?;
+        Ok(pause)
+    }
+
+    /// The provider answered a call of this key with something other than a 429: the next
+    /// 429 starts the backoff of [`refused`](Limiter::refused) again from the provider's hint.
+    pub(crate) fn answered(&self) {
+        self.inner.strikes.store(0, Ordering::Release);
+    }
+
+    /// What this limiter admitted since it was made, per currency.
+    pub(crate) fn admitted_total(&self) -> PerCurrency<u64> {
+        PerCurrency::from_fn(|c| self.inner.admitted_total[c].load(Ordering::Acquire))
+    }
+
+    async fn penalty(
+        &self,
+        retry_after: Duration,
+        spent: Currencies,
+        refusal: Option<crate::store::Refusal>,
+    ) -> Result<(), Error> {
         let emptied = match self
             .call_bounded(Op::Penalize {
                 pause: retry_after,
                 spent,
+                refusal,
             })
             .await?
         {
@@ -195,4 +238,25 @@ impl<S: Store> Limiter<S> {
         let deadline = timeout.and_then(|t| start.checked_add(t));
         self.instrumented(cost, start, deadline, true).await
     }
+}
+
+/// The longest pause consecutive 429s grow to (unless the provider's own is longer).
+const MOST_PAUSE: Duration = Duration::from_secs(60);
+
+/// The pause of a 429 after `strikes` others in a row: `hint` for the first, then
+/// `hint · 2^strikes` times a jitter of 0.8 to 1.2 (`draw` in `[0, 1]` picks it), never below
+/// `hint`, and no more than [`MOST_PAUSE`] (or `hint`, if longer).
+pub(crate) fn backed_off(hint: Duration, strikes: u32, draw: f64) -> Duration {
+    if strikes == 0 {
+        return hint;
+    }
+    let draw = if draw.is_finite() {
+        draw.clamp(0.0, 1.0)
+    } else {
+        0.5
+    };
+    let factor = f64::from(1u32 << strikes.min(20)) * (0.8 + 0.4 * draw);
+    let most = MOST_PAUSE.max(hint);
+    let grown = Duration::try_from_secs_f64(hint.as_secs_f64() * factor).unwrap_or(most);
+    grown.clamp(hint, most)
 }

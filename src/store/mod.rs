@@ -25,7 +25,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use crate::bucket::{SyncArgs, Synced};
+pub use crate::bucket::{Refusal, SyncArgs, Synced};
 use crate::error::Error;
 use crate::rate::Limits;
 

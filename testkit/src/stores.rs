@@ -90,6 +90,7 @@ pub fn penalize_now(
         Op::Penalize {
             pause,
             spent: tollgate::Currencies::ALL,
+            refusal: None,
         },
     )
     .map(|_| ())

@@ -90,7 +90,7 @@ proptest! {
                     fly: false,
                 },
                 Step::Settle(delta) => Op::Adjust { delta: tollgate::PerCurrency::from([delta, delta, 0, delta]) },
-                Step::Penalize(pause) => Op::Penalize { pause, spent: tollgate::Currencies::ALL },
+                Step::Penalize(pause) => Op::Penalize { pause, spent: tollgate::Currencies::ALL, refusal: None },
                 Step::Lower(remaining) => Op::Lower { currency: Currency::Tokens, remaining },
             };
             let outcome = store.apply_now(&key, op).unwrap();

@@ -175,12 +175,15 @@ async fn after_a_429_calls_in_flight_charge_no_shortfall_on_the_emptied_windows(
             pause: Some(Duration::from_secs(2))
         }
     );
-    assert_eq!(tokens_left(&registry).await, 0);
+    // The window holds what the refused call needs less two seconds of refill (100,000 a day:
+    // 2.3 tokens): it fits when the pause ends.
+    let need = i128::from(refused.cost().unwrap().tokens);
+    assert_eq!(tokens_left(&registry).await, need - 3);
     // Both underestimated by 500: the provider's 429 already counted them.
     let prompt = call_a.cost().unwrap().tokens;
     call_a.finish(used(prompt + 500, 0)).await.unwrap();
     call_b.finish(used(prompt + 500, 0)).await.unwrap();
-    assert_eq!(tokens_left(&registry).await, 0);
+    assert_eq!(tokens_left(&registry).await, need - 3);
 }
 
 #[tokio::test(start_paused = true)]
@@ -444,13 +447,6 @@ async fn the_first_answer_is_waited_for_one_second_at_most() {
     drop((first, second));
 }
 
-/// Per-day windows in every currency, for the 429 tests: nothing refills while they run.
-fn every_window() -> Limits {
-    Limits::parse("100/d", "100000/d")
-        .unwrap()
-        .with_output_tokens("50000/d".parse::<tollgate::Rates>().unwrap())
-}
-
 /// What each window of `limits` on `key` holds, in whole tokens: requests, tokens, output.
 async fn levels(registry: &Registry, key: &str, limits: &Limits) -> Vec<i128> {
     let snapshot = registry
@@ -465,9 +461,14 @@ async fn levels(registry: &Registry, key: &str, limits: &Limits) -> Vec<i128> {
         .collect()
 }
 
-/// A call refused with `body` (and a pause, so that it is a rate limit), on a gate of
-/// `profile` with `limits`: the levels after it.
-async fn refused_with(profile: Profile, path: &str, limits: &Limits, body: &str) -> Vec<i128> {
+/// A call refused with `body` (and a pause of a second, so that it is a rate limit), on a
+/// gate of `profile` with `limits`: the levels after it, and what the call was charged.
+async fn refused_with(
+    profile: Profile,
+    path: &str,
+    limits: &Limits,
+    body: &str,
+) -> (Vec<i128>, tollgate::Cost) {
     let registry = Arc::new(Registry::new(MemoryStore::new()));
     let gate = Gate::builder(profile)
         .limits(limits.clone())
@@ -486,6 +487,7 @@ async fn refused_with(profile: Profile, path: &str, limits: &Limits, body: &str)
         .await
         .unwrap();
     call.sending();
+    let cost = call.cost().unwrap();
     let key = call.key().to_owned();
     let mut headers = HeaderMap::new();
     headers.insert("retry-after-ms", 1_000.into());
@@ -498,86 +500,78 @@ async fn refused_with(profile: Profile, path: &str, limits: &Limits, body: &str)
         .await;
     assert!(matches!(verdict, Verdict::Transient { .. }), "{verdict:?}");
     drop(call);
-    levels(&registry, &key, limits).await
+    (levels(&registry, &key, limits).await, cost)
 }
 
-/// A 429 empties the windows of the currencies it says are spent, and only those: the others
-/// keep what they held (the refused call keeps its request, and gives its tokens back). With
-/// no `remaining` headers, the gate reads the error's words: OpenAI's `type` and its "tokens per
-/// min (TPM)", "requests per min (RPM)"; Anthropic's "input tokens per minute", "output tokens
-/// per minute", "requests per minute". A 429 that names nothing empties everything.
+/// A 429 brings down the windows of the currencies it says are spent, and only those: each to
+/// what the refused call needed there less what refills during the provider's pause (so that
+/// the call fits exactly when the pause ends, as the provider said), never above where it was.
+/// The others keep what they held, the refused call's charge included (a 429 never raises a
+/// window). With no `remaining` headers, the gate reads the error's words: OpenAI's `type` and
+/// its "tokens per min (TPM)", "requests per min (RPM)"; Anthropic's "input tokens per
+/// minute", "output tokens per minute", "requests per minute". A 429 that names nothing brings
+/// down everything.
 #[tokio::test(start_paused = true)]
-async fn a_429_empties_only_the_currencies_its_words_name() {
-    let openai = Limits::parse("100/d", "100000/d").unwrap();
+async fn a_429_brings_down_only_the_currencies_its_words_name() {
+    // A second refills 1 request, 1,000 tokens and 500 output tokens.
+    let openai = Limits::parse("60/m", "60000/m").unwrap();
     let chat_path = "/v1/chat/completions";
     let openai_tokens = r#"{"error":{"code":"rate_limit_exceeded","message":"Rate limit reached for gpt-4o in organization org-x on tokens per min (TPM): Limit 30000, Used 29500, Requested 900. Please try again in 1.8s."}}"#;
     let openai_requests = r#"{"error":{"code":"rate_limit_exceeded","message":"Rate limit reached for gpt-4o in organization org-x on requests per min (RPM): Limit 500, Used 500, Requested 1. Please try again in 120ms."}}"#;
     let openai_type = r#"{"error":{"type":"tokens","code":"rate_limit_exceeded","message":"Rate limit reached."}}"#;
     let nothing = r#"{"error":{"code":"rate_limit_exceeded","message":"Slow down."}}"#;
-    assert_eq!(
-        refused_with(Profile::openai(), chat_path, &openai, openai_tokens).await,
-        [99, 0]
-    );
-    assert_eq!(
-        refused_with(Profile::openai(), chat_path, &openai, openai_requests).await,
-        [0, 100_000]
-    );
-    assert_eq!(
-        refused_with(Profile::openai(), chat_path, &openai, openai_type).await,
-        [99, 0]
-    );
-    assert_eq!(
-        refused_with(Profile::openai(), chat_path, &openai, nothing).await,
-        [0, 0]
-    );
-    let anthropic = every_window();
+    let tokens = |c: tollgate::Cost| i128::from(c.tokens);
+    let (levels, cost) = refused_with(Profile::openai(), chat_path, &openai, openai_tokens).await;
+    assert_eq!(levels, [59, tokens(cost) - 1_000]);
+    let (levels, cost) = refused_with(Profile::openai(), chat_path, &openai, openai_requests).await;
+    assert_eq!(levels, [0, 60_000 - tokens(cost)]);
+    let (levels, cost) = refused_with(Profile::openai(), chat_path, &openai, openai_type).await;
+    assert_eq!(levels, [59, tokens(cost) - 1_000]);
+    let (levels, cost) = refused_with(Profile::openai(), chat_path, &openai, nothing).await;
+    assert_eq!(levels, [0, tokens(cost) - 1_000]);
+    let anthropic = Limits::parse("60/m", "60000/m")
+        .unwrap()
+        .with_output_tokens("30000/m".parse::<tollgate::Rates>().unwrap());
     let messages = "/v1/messages";
     let words = |limit: &str| {
         format!(
             r#"{{"type":"error","error":{{"type":"rate_limit_error","message":"This request would exceed the rate limit for your organization (org-x) of {limit} per minute. For details, refer to: https://docs.claude.com/en/api/rate-limits."}}}}"#
         )
     };
-    assert_eq!(
-        refused_with(
-            Profile::anthropic(),
-            messages,
-            &anthropic,
-            &words("50,000 input tokens")
-        )
-        .await,
-        [99, 0, 50_000]
-    );
-    assert_eq!(
-        refused_with(
-            Profile::anthropic(),
-            messages,
-            &anthropic,
-            &words("10,000 output tokens")
-        )
-        .await,
-        [99, 100_000, 0]
-    );
-    assert_eq!(
-        refused_with(
-            Profile::anthropic(),
-            messages,
-            &anthropic,
-            &words("50 requests")
-        )
-        .await,
-        [0, 100_000, 50_000]
-    );
+    let output = |c: tollgate::Cost| i128::from(c.output_tokens);
+    let (levels, cost) = refused_with(
+        Profile::anthropic(),
+        messages,
+        &anthropic,
+        &words("50,000 input tokens"),
+    )
+    .await;
+    assert_eq!(levels, [59, tokens(cost) - 1_000, 30_000 - output(cost)]);
+    let (levels, cost) = refused_with(
+        Profile::anthropic(),
+        messages,
+        &anthropic,
+        &words("10,000 output tokens"),
+    )
+    .await;
+    assert_eq!(levels, [59, 60_000 - tokens(cost), output(cost) - 500]);
+    let (levels, cost) = refused_with(
+        Profile::anthropic(),
+        messages,
+        &anthropic,
+        &words("50 requests"),
+    )
+    .await;
+    assert_eq!(levels, [0, 60_000 - tokens(cost), 30_000 - output(cost)]);
     let anthropic_nothing = r#"{"type":"error","error":{"type":"rate_limit_error","message":"Number of requests has exceeded your rate limit."}}"#;
-    assert_eq!(
-        refused_with(
-            Profile::anthropic(),
-            messages,
-            &anthropic,
-            anthropic_nothing
-        )
-        .await,
-        [0, 0, 0]
-    );
+    let (levels, cost) = refused_with(
+        Profile::anthropic(),
+        messages,
+        &anthropic,
+        anthropic_nothing,
+    )
+    .await;
+    assert_eq!(levels, [0, tokens(cost) - 1_000, output(cost) - 500]);
 }
 
 /// Calls sent within 250 ms of a synced call, on either side, may reach the provider before

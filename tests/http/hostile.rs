@@ -274,7 +274,14 @@ async fn an_unreadable_retry_after_is_not_a_spend_limit() {
             Some(br#"{"type":"error","error":{"type":"rate_limit_error"}}"#),
         )
         .await;
-    assert_eq!(verdict, Verdict::Transient { pause: None });
+    // A rate limit, paused for the gate's own fallback (its backoff's base), not a spend
+    // limit refused for good.
+    assert_eq!(
+        verdict,
+        Verdict::Transient {
+            pause: Some(Duration::from_millis(500))
+        }
+    );
 }
 
 /// A JSON answer read whole and then dropped before its end was polled (a client that stops at

@@ -29,7 +29,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 
 use tollgate::store::redis::{RedisConfig, RedisStore};
-use tollgate::store::{Op, Outcome, SyncArgs, Ticket};
+use tollgate::store::{Op, Outcome, Refusal, SyncArgs, Ticket};
 use tollgate::testing::{RuleBook, ScriptPath, redis_apply_at, redis_apply_traced};
 use tollgate::{Cost, Currencies, Currency, Error, Limits, PerCurrency, Store};
 use tollgate_testkit::Lcg;
@@ -186,9 +186,31 @@ fn operation(rng: &mut Lcg, limits: &Limits, calls: &[Held]) -> (Op, Option<usiz
                 .into_iter()
                 .filter(|_| rng.below(2) == 0)
                 .collect();
+            // Half of them name the refused call (a call in flight, or one the key does not
+            // remember) with the provider's own pause, in whole milliseconds as the script
+            // counts it.
+            let refusal = (rng.below(2) == 0).then(|| {
+                let flight = match flying {
+                    Some(call) if rng.below(4) != 0 => calls[call].flight.unwrap(),
+                    _ => rng.below(40),
+                };
+                let later = PerCurrency::from([
+                    rng.below(3),
+                    rng.below(300),
+                    rng.below(300),
+                    rng.below(300),
+                ]);
+                Refusal::new(
+                    Duration::from_millis(rng.below(3_000)),
+                    cost(rng, limits),
+                    later,
+                )
+                .of_flight(flight)
+            });
             let op = Op::Penalize {
                 pause: Duration::from_millis(rng.below(3_000)),
                 spent,
+                refusal,
             };
             (op, None)
         }

@@ -83,6 +83,7 @@ fn operation(rng: &mut Lcg, limits: &Limits) -> Op {
         _ => Op::Penalize {
             pause: Duration::from_millis(rng.below(500)),
             spent: tollgate::Currencies::NONE.with(Currency::Tokens),
+            refusal: None,
         },
     }
 }

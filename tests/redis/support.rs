@@ -72,6 +72,7 @@ pub async fn penalize_at(
         Op::Penalize {
             pause,
             spent: tollgate::Currencies::ALL,
+            refusal: None,
         },
         now_ms,
     )

@@ -398,7 +398,13 @@ mod tests {
             Ok(Outcome::Behind(Duration::from_nanos(100 * MS)))
         );
         // Nor is a ticket held up by a pause, even with calls ahead of it.
-        state.penalize(&l, Nanos(200 * MS), Nanos(1_000 * MS), Currencies::ALL);
+        state.penalize(
+            &l,
+            Nanos(200 * MS),
+            Nanos(1_000 * MS),
+            Currencies::ALL,
+            None,
+        );
         assert_eq!(
             state.admit(&l, Nanos(200 * MS), 2, false, LEASE),
             Ok(Outcome::NotYet(Duration::from_nanos(800 * MS)))

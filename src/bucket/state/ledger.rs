@@ -6,36 +6,95 @@
 //! `settle` port this.
 
 use super::*;
+use crate::bucket::Refusal;
 use crate::bucket::flights::settlement;
 
 impl KeyState {
-    /// What a provider's 429 means: the windows of the `spent` currencies emptied (what they
-    /// held is the cover of every call in flight, which the refusal counted), and nothing
-    /// passes before `until`. A longer pause already in force wins; the windows refill during
-    /// the pause as always.
+    /// What a provider's 429 means: nothing passes before `until` (a longer pause already in
+    /// force wins), and the windows of the `spent` currencies come down to where the
+    /// provider's are.
+    ///
+    /// With a `refusal` (the provider said when the refused call would pass), the tightest
+    /// window of each spent currency is lowered to hold exactly what the call needed when the
+    /// provider's pause ends, less what went out after it (which the provider had not counted
+    /// yet): `need − rate·hint − later`. The provider holds at least that much (its pause is
+    /// its wait for the call, rounded up), so the key can't send into a window the provider
+    /// has spent, whatever debt its refusals left there (OpenAI and Gemini count a refused
+    /// request). Its other windows keep their level (a day's window is not spent by a
+    /// minute's 429). Without one, every window of a spent currency is emptied. Either way a
+    /// window is only ever lowered.
+    ///
+    /// What was taken off is the cover of every call in flight, which the refusal counted.
     pub(crate) fn penalize(
         &mut self,
         limits: &Limits,
         now: Nanos,
         until: Nanos,
         spent: Currencies,
+        refusal: Option<&Refusal>,
     ) -> Outcome {
         self.refilled(limits, now);
-        let mut emptied: PerCurrency<Option<u64>> = PerCurrency::splat(None);
-        for ((c, w), level) in windows(limits).zip(self.real.units.iter_mut()) {
-            if spent.contains(c) {
-                let held = u64::try_from(w.whole((*level).max(0))).unwrap_or(u64::MAX);
-                let slot = &mut emptied[c];
-                *slot = Some(slot.map_or(held, |e| e.min(held)));
-                *level = (*level).min(0);
+        // What went out after the refused call, per currency: the key's own record of the calls
+        // in flight where it has one, else the caller's count.
+        let later = refusal.map(|r| {
+            let found = self.flights.as_deref().and_then(|f| {
+                (r.flight > 0)
+                    .then(|| f.find(r.flight))
+                    .flatten()
+                    .map(|i| (f, i))
+            });
+            match found {
+                Some((flights, i)) => {
+                    let mut later = PerCurrency::splat(0u64);
+                    for flight in flights.list.range(i + 1..) {
+                        for c in Currency::ALL {
+                            later[c] = later[c].saturating_add(flight.charged[c]);
+                        }
+                    }
+                    later
+                }
+                None => r.later,
             }
+        });
+        let tight = PerCurrency::from_fn(|c| tightest(limits, c));
+        let mut emptied: PerCurrency<Option<u64>> = PerCurrency::splat(None);
+        for (i, ((c, w), level)) in windows(limits).zip(self.real.units.iter_mut()).enumerate() {
+            if !spent.contains(c) {
+                continue;
+            }
+            let target = match (refusal, later) {
+                (Some(r), Some(later)) if tight[c] == Some(i) => {
+                    // What the call needed when the provider's pause ends, less what went out
+                    // after it: `need − rate·hint − later`, never below the debt floor.
+                    let t = w.units_capped(r.need[c]) - w.units_capped(later[c]);
+                    let refill = i128::from(w.rate.amount())
+                        .checked_mul(i128::try_from(r.hint.as_nanos()).unwrap_or(i128::MAX));
+                    match refill {
+                        Some(refill) if t >= w.floor() && refill <= t - w.floor() => {
+                            w.clamp(t - refill)
+                        }
+                        _ => w.floor(),
+                    }
+                }
+                (Some(_), Some(_)) => continue,
+                _ => 0,
+            };
+            let taken = u64::try_from(w.whole((*level - target).max(0))).unwrap_or(u64::MAX);
+            let slot = &mut emptied[c];
+            *slot = Some(slot.map_or(taken, |e| e.min(taken)));
+            *level = (*level).min(target);
         }
         let emptied = emptied.map(|e| e.unwrap_or(0));
         self.paused_until = self.paused_until.max(until);
         if let Some(flights) = self.flights.as_mut()
             && let Some(last) = flights.list.back()
         {
-            flights.cover.upto = last.id;
+            // The refusal counted the calls up to the refused one; a penalty without one, every
+            // call out.
+            flights.cover.upto = match refusal {
+                Some(r) if flights.find(r.flight).is_some() => r.flight,
+                _ => last.id,
+            };
             for c in Currency::ALL {
                 if spent.contains(c) {
                     flights.cover.tokens[c] = emptied[c];
@@ -115,15 +174,9 @@ impl KeyState {
         let back = args.refused.unwrap_or(crate::Currencies::NONE);
         if args.refused.is_some() {
             // The provider refused the call and counted nothing of it in the currencies it
-            // gives back: what it was charged there comes back, and it is done (an adapter
-            // that retries admits it again).
-            let mut charged = found.map_or(args.charged.per_currency(), |(_, f, _)| f.charged);
-            for c in Currency::ALL {
-                if !back.contains(c) {
-                    charged[c] = 0;
-                }
-            }
-            self.add_delta(limits, charged.map(|c| clamp_i64(i128::from(c))));
+            // gives back: its record no longer counts there, and it is done (an adapter that
+            // retries admits it again, and pays again). Its charge stays in the windows: a 429
+            // never raises one, and what the provider holds after it is the penalty's to say.
             if let (Some(flights), Some((i, _, _))) = (self.flights.as_deref_mut(), found) {
                 for c in Currency::ALL {
                     if back.contains(c) {

@@ -24,7 +24,9 @@
 --   admit     ticket id, fly (0 or 1)
 --   cancel    ticket id
 --   adjust    requests, tokens, output tokens, spend to add (negative: to take)
---   penalize  the pause in milliseconds, the spent currencies (a mask: 1, 2, 4, 8)
+--   penalize  the pause in milliseconds, the spent currencies (a mask: 1, 2, 4, 8), and the
+--             refusal: the provider's pause in ms (-1: none, and nothing follows), the refused
+--             call's flight (0: none), what it needed (4) and what went out after it (4)
 --   lower     currency, remaining tokens
 --   sync      flight, charged (4), remaining (4, -1: not said), foreign (4), returnable (4),
 --             margin (4), margin only where more is found (4, 0 or 1), refused (0: no; 16 +
@@ -1073,16 +1075,55 @@ elseif op == 'adjust' then
 elseif op == 'penalize' then
   local pause = int(ARGV[args + 1], 0, MAX - now)
   local spent = int(ARGV[args + 2], 0, 15)
-  if pause == nil or spent == nil then return fail('bad pause') end
+  -- The refusal: the provider's own pause in ms (-1: none), the refused call's flight, what it
+  -- needed (4) and what went out after it (4), where the key does not remember it.
+  local hint = int(ARGV[args + 3], -1, MAX)
+  if pause == nil or spent == nil or hint == nil then return fail('bad pause') end
+  local need, later, refused = nil, nil, nil
+  if hint >= 0 then
+    refused = int(ARGV[args + 4], 0, MAX)
+    need = cost_args(args + 5, 0)
+    later = cost_args(args + 5 + NC, 0)
+    if refused == nil or need == nil or later == nil then return fail('bad refusal') end
+    -- What went out after the refused call, from the key's own record where it has one.
+    local f = nil
+    if refused > 0 then f = read_flight(refused) end
+    if f ~= nil then
+      later = zeros()
+      for id = f.id + 1, fnext - 1 do
+        local o = read_flight(id)
+        if o ~= nil then
+          for c = 1, NC do later[c] = later[c] + o.charged[c] end
+        end
+      end
+    else
+      refused = nil
+    end
+  end
   local bit = {1, 2, 4, 8}
   local emptied = {-1, -1, -1, -1}
   for i = 1, k do
     local c = w[i].cur
     if math.floor(spent / bit[c]) % 2 == 1 then
-      local held = 0
-      if levels[i] > 0 then held = floor_div(levels[i], w[i].scale) end
-      if emptied[c] < 0 or held < emptied[c] then emptied[c] = held end
-      if levels[i] > 0 then levels[i] = 0 end
+      local target = nil
+      if need == nil then
+        target = 0
+      elseif tightest[c] == i then
+        -- What the call needed when the provider's pause ends, less what went out after it.
+        local floor_u = -DEBT * w[i].cap
+        local t = units(i, need[c]) - units(i, later[c])
+        if t < floor_u or hint > math.floor((t - floor_u) / w[i].rate) then
+          target = floor_u
+        else
+          target = clamp(i, t - w[i].rate * hint)
+        end
+      end
+      if target ~= nil then
+        local taken = 0
+        if levels[i] > target then taken = floor_div(levels[i] - target, w[i].scale) end
+        if emptied[c] < 0 or taken < emptied[c] then emptied[c] = taken end
+        if levels[i] > target then levels[i] = target end
+      end
     end
   end
   for c = 1, NC do
@@ -1090,7 +1131,10 @@ elseif op == 'penalize' then
   end
   if now + pause > paused_until then paused_until = now + pause end
   if ffirst < fnext then
+    -- The refusal counted the calls up to the refused one; a penalty without one, every call
+    -- out.
     covers = fnext - 1
+    if refused ~= nil then covers = refused end
     for c = 1, NC do
       if math.floor(spent / bit[c]) % 2 == 1 then
         cover[c] = emptied[c]
@@ -1160,10 +1204,8 @@ elseif op == 'sync' then
     local mask = refused - 16
     for c = 1, NC do back[c] = math.floor(mask / 2 ^ (c - 1)) % 2 == 1 end
     -- The provider refused the call and counted nothing of it in the currencies it gives
-    -- back: what it was charged there comes back, and it is done.
-    local give = zeros()
-    for c = 1, NC do if back[c] then give[c] = own[c] end end
-    apply(give)
+    -- back: its record no longer counts there, and it is done. Its charge stays in the
+    -- windows: a 429 never raises one.
     if f ~= nil then
       for c = 1, NC do if back[c] then f.charged[c] = 0 end end
       f.done = true

@@ -121,10 +121,25 @@ pub(super) fn op_args(op: &Op) -> (&'static str, Vec<i64>) {
         Op::Admit { ticket, fly } => ("admit", vec![amount(ticket.id()), flag(fly)]),
         Op::Cancel { ticket } => ("cancel", vec![amount(ticket.id())]),
         Op::Adjust { delta } => ("adjust", delta.values().iter().map(|d| exact(*d)).collect()),
-        Op::Penalize { pause, spent } => {
+        Op::Penalize {
+            pause,
+            spent,
+            refusal,
+        } => {
             // Whole milliseconds, rounded up: never shorter than the provider asked.
-            let ms = pause.as_nanos().div_ceil(1_000_000).min(MAX_PAUSE_MS);
-            ("penalize", vec![ms as i64, i64::from(spent.bits())])
+            let ms =
+                |d: std::time::Duration| d.as_nanos().div_ceil(1_000_000).min(MAX_PAUSE_MS) as i64;
+            let mut args = vec![ms(pause), i64::from(spent.bits())];
+            match refusal {
+                Some(refusal) => {
+                    args.push(ms(refusal.hint));
+                    args.push(amount(refusal.flight));
+                    args.extend(refusal.need.map(amount).values());
+                    args.extend(refusal.later.map(amount).values());
+                }
+                None => args.push(-1),
+            }
+            ("penalize", args)
         }
         Op::Lower {
             currency,
