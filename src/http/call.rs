@@ -597,6 +597,12 @@ impl Call {
     /// generated, as far as anyone saw.
     pub async fn finish_cut(mut self, reported: Reported) -> Result<Usage, Error> {
         self.sent.get_or_insert_with(Instant::now);
+        // An error answer is billed nothing whether or not its body was read to its end (a
+        // server writes an error's last byte, and its client stops reading there, before the
+        // body reports its end): settled as a whole one, its price goes back to every budget.
+        if self.errored && reported.output.is_none() && reported.total.is_none() {
+            return self.finish(reported).await;
+        }
         let seen = reported
             .output
             .unwrap_or(0)
