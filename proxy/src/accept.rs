@@ -296,7 +296,7 @@ impl Proxy {
             Some(url) => {
                 let store = tollgate::store::redis::RedisStore::connect(url)
                     .await
-                    .map_err(|e| StartError(format!("redis: {e}")))?;
+                    .map_err(|e| StartError(crate::config::masked(&format!("redis: {e}"))))?;
                 store.into()
             }
             None => MemoryStore::new().into(),

@@ -376,9 +376,61 @@ fn respond(status: StatusCode, content_type: &'static str, body: Bytes) -> Respo
     response
 }
 
+/// Whether the live view answers a request naming `host` (its `Host` header) on a listener
+/// bound to `local`: its own address, `localhost`, `127.0.0.1` or `[::1]` at its port when it
+/// is bound to loopback, or a name `admin_hosts` lists (`host`, any port, or `host:port`). A
+/// page on another name (DNS rebinding) is refused.
+fn host_allowed(host: Option<&str>, local: std::net::SocketAddr, listed: &[String]) -> bool {
+    let Some(host) = host.map(str::to_ascii_lowercase) else {
+        return false;
+    };
+    let port = local.port();
+    let (name, given_port) = match host.rsplit_once(':') {
+        Some((name, p)) if !name.ends_with(':') && p.bytes().all(|b| b.is_ascii_digit()) => {
+            (name.to_owned(), p.parse::<u16>().ok())
+        }
+        _ => (host.clone(), None),
+    };
+    // A browser always sends the port unless it is the scheme's default.
+    let at_port = given_port.unwrap_or(80) == port;
+    let own = [
+        (!local.ip().is_unspecified()).then(|| match local {
+            std::net::SocketAddr::V4(v4) => v4.ip().to_string(),
+            std::net::SocketAddr::V6(v6) => format!("[{}]", v6.ip()),
+        }),
+        local.ip().is_loopback().then(|| "localhost".to_owned()),
+        local.ip().is_loopback().then(|| "127.0.0.1".to_owned()),
+        local.ip().is_loopback().then(|| "[::1]".to_owned()),
+    ];
+    if at_port && own.iter().flatten().any(|own| *own == name) {
+        return true;
+    }
+    listed.iter().any(|entry| {
+        let entry = entry.to_ascii_lowercase();
+        entry == host || (!entry.contains(':') && entry == name)
+    })
+}
+
 /// One request to the admin listener.
-async fn serve_request(shared: &Shared, request: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn serve_request(
+    shared: &Shared,
+    request: Request<Incoming>,
+    local: std::net::SocketAddr,
+) -> Response<Full<Bytes>> {
     let text = "text/plain; charset=utf-8";
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok());
+    if !host_allowed(host, local, &shared.config.admin_hosts) {
+        return respond(
+            StatusCode::MISDIRECTED_REQUEST,
+            text,
+            Bytes::from_static(
+                b"the live view answers only to its own address (and the names admin_hosts lists)\n",
+            ),
+        );
+    }
     if request.method() != Method::GET && request.method() != Method::HEAD {
         let mut response = respond(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -413,6 +465,14 @@ async fn serve_request(shared: &Shared, request: Request<Incoming>) -> Response<
             );
             response
         }
+        "/metrics" => {
+            let (body, content_type) = crate::proxy::metrics_page(shared).await;
+            let mut response = respond(StatusCode::OK, text, body);
+            response
+                .headers_mut()
+                .insert(header::CONTENT_TYPE, content_type);
+            response
+        }
         "/admin/api/keys" => {
             let view = view(shared).await;
             let body = serde_json::to_vec(&view).unwrap_or_default();
@@ -431,6 +491,9 @@ async fn serve_request(shared: &Shared, request: Request<Incoming>) -> Response<
 /// Serves the admin listener until the task is dropped (its connections with it).
 pub(crate) async fn serve(listener: TcpListener, current: Arc<crate::state::Current>) {
     let mut connections = JoinSet::new();
+    let Ok(local) = listener.local_addr() else {
+        return;
+    };
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -452,7 +515,7 @@ pub(crate) async fn serve(listener: TcpListener, current: Arc<crate::state::Curr
         connections.spawn(async move {
             let service = service_fn(move |request| {
                 let shared = current.get();
-                async move { Ok::<_, Infallible>(serve_request(&shared, request).await) }
+                async move { Ok::<_, Infallible>(serve_request(&shared, request, local).await) }
             });
             // A kept-alive connection that sends nothing is closed after the header timeout.
             let _ = hyper::server::conn::http1::Builder::new()
@@ -481,6 +544,41 @@ async fn snapshot_of(limiter: Option<&Limiter>, store_ok: &mut bool) -> Option<t
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_view_answers_its_own_names_only() {
+        let local: std::net::SocketAddr = "127.0.0.1:8788".parse().unwrap();
+        let listed = vec!["ops.example.com".to_owned(), "view.example:9000".to_owned()];
+        for ok in [
+            "127.0.0.1:8788",
+            "localhost:8788",
+            "LOCALHOST:8788",
+            "[::1]:8788",
+            "ops.example.com",
+            "ops.example.com:443",
+            "view.example:9000",
+        ] {
+            assert!(host_allowed(Some(ok), local, &listed), "{ok}");
+        }
+        for refused in [
+            "evil.example:8788",
+            "127.0.0.1:9999",
+            "localhost",
+            "view.example:9001",
+            "127.0.0.1.evil.example:8788",
+            "",
+        ] {
+            assert!(!host_allowed(Some(refused), local, &listed), "{refused}");
+        }
+        assert!(!host_allowed(None, local, &listed));
+        let any: std::net::SocketAddr = "0.0.0.0:8788".parse().unwrap();
+        assert!(!host_allowed(Some("0.0.0.0:8788"), any, &[]));
+        assert!(host_allowed(
+            Some("10.1.2.3:8788"),
+            "10.1.2.3:8788".parse().unwrap(),
+            &[]
+        ));
+    }
 
     #[test]
     fn a_url_is_shown_without_its_credentials() {

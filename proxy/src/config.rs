@@ -17,8 +17,37 @@ pub struct ConfigError(pub Vec<String>);
 
 impl std::fmt::Display for ConfigError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "configuration: {}", self.0.join("; "))
+        write!(f, "configuration: {}", masked(&self.0.join("; ")))
     }
+}
+
+/// `text` with the credentials of every URL in it masked: what stands between `://` and `@`
+/// (`https://user:secret@host` is shown as `https://***@host`, `redis://:pw@host` as
+/// `redis://***@host`). Every error and log line that may quote a URL goes through it.
+pub fn masked(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let (before, after) = rest.split_at(at + 3);
+        out.push_str(before);
+        // The authority ends at the first `/`, `?`, `#`, space, quote or backtick.
+        let end = after
+            .find(|c: char| {
+                matches!(c, '/' | '?' | '#' | '`' | '"' | '\'' | '<' | '>') || c.is_whitespace()
+            })
+            .unwrap_or(after.len());
+        let authority = &after[..end];
+        match authority.rfind('@') {
+            Some(userinfo) => {
+                out.push_str("***");
+                out.push_str(&authority[userinfo..]);
+            }
+            None => out.push_str(authority),
+        }
+        rest = &after[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 impl std::error::Error for ConfigError {}
@@ -31,6 +60,14 @@ pub struct Config {
     /// Where the operators' live view listens (`GET /admin/`, `GET /admin/api/keys`), apart
     /// from the clients' listener (default: nowhere, disabled).
     pub admin_listen: Option<SocketAddr>,
+    /// The `Host`s the live view answers besides its own address (and, bound to loopback,
+    /// `localhost` and `127.0.0.1` at its port): `host` or `host:port`. Any other `Host` is
+    /// refused, so a page in an operator's browser can't read the view through DNS rebinding.
+    pub admin_hosts: Vec<String>,
+    /// The token `/metrics` on the clients' listener asks for (`Authorization: Bearer TOKEN`),
+    /// read from the environment variable `metrics_token_env` names. Without one, `/metrics`
+    /// is served only on `admin_listen`.
+    pub metrics_token: Option<String>,
     /// A Redis URL: every proxy on it shares every key (default: in memory, this process).
     pub redis: Option<String>,
     /// The largest request body accepted, as sent and as decoded from its `content-encoding`;
@@ -275,6 +312,10 @@ pub struct Upstream {
     /// The environment variable holding the upstream's real API key, sent in place of a
     /// virtual key.
     pub api_key_env: Option<String>,
+    /// With virtual keys: a tenant's `OpenAI-Organization` and `OpenAI-Project` headers go up
+    /// beside the real key (default false: they are dropped, so a tenant can't choose the
+    /// organisation or project billed).
+    pub tenant_org_headers: bool,
 }
 
 impl Upstream {
@@ -346,6 +387,9 @@ pub const SECRET_HEADER: &str = "tollgate-tenant-secret";
 struct File {
     listen: Option<String>,
     admin_listen: Option<String>,
+    #[serde(default)]
+    admin_hosts: Vec<String>,
+    metrics_token_env: Option<String>,
     redis: Option<String>,
     max_body_bytes: Option<usize>,
     drain_seconds: Option<f64>,
@@ -469,6 +513,7 @@ struct UpstreamFile {
     retries: Option<u32>,
     http2_only: Option<bool>,
     api_key_env: Option<String>,
+    tenant_org_headers: Option<bool>,
 }
 
 /// Limits from three optional rate strings; none at all is `None`.
@@ -575,7 +620,8 @@ impl Config {
     /// # Ok::<(), tollgate_proxy::ConfigError>(())
     /// ```
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
-        let file: File = toml::from_str(text).map_err(|e| ConfigError(vec![e.to_string()]))?;
+        let file: File =
+            toml::from_str(text).map_err(|e| ConfigError(vec![masked(&e.to_string())]))?;
         let mut problems = Vec::new();
         let listen = file
             .listen
@@ -591,6 +637,32 @@ impl Config {
                 .map_err(|e| problems.push(format!("admin_listen: `{text}`: {e}")))
                 .ok()
         });
+        let metrics_token =
+            file.metrics_token_env
+                .as_deref()
+                .and_then(|var| match std::env::var(var) {
+                    Ok(token) if token.len() >= 16 => Some(token),
+                    Ok(_) => {
+                        problems.push(format!(
+                            "metrics_token_env: the token in {var} must be at least 16 characters"
+                        ));
+                        None
+                    }
+                    Err(_) => {
+                        problems.push(format!(
+                            "metrics_token_env: the environment variable {var} is not set"
+                        ));
+                        None
+                    }
+                });
+        for host in &file.admin_hosts {
+            if host.is_empty() || host.contains(['/', ' ', '@']) {
+                problems.push(format!(
+                    "admin_hosts: `{}` is not a host or host:port",
+                    host.escape_debug()
+                ));
+            }
+        }
         let drain = file.drain_seconds.map_or(DEFAULT_DRAIN, |s| {
             seconds(s, "drain_seconds", &mut problems)
         });
@@ -658,11 +730,13 @@ impl Config {
             }
         }
         if !problems.is_empty() {
-            return Err(ConfigError(problems));
+            return Err(ConfigError(problems.iter().map(|p| masked(p)).collect()));
         }
         Ok(Config {
             listen,
             admin_listen,
+            admin_hosts: file.admin_hosts,
+            metrics_token,
             redis: file.redis,
             max_body: file.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY),
             drain,
@@ -700,6 +774,8 @@ impl Config {
         Config {
             listen: DEFAULT_LISTEN.parse().expect("a valid default"),
             admin_listen: None,
+            admin_hosts: Vec::new(),
+            metrics_token: None,
             redis: None,
             max_body: DEFAULT_MAX_BODY,
             drain: DEFAULT_DRAIN,
@@ -1206,6 +1282,7 @@ fn upstream(i: usize, u: UpstreamFile, problems: &mut Vec<String>) -> Upstream {
         retries: u.retries.unwrap_or(3),
         http2_only: u.http2_only.unwrap_or(false),
         api_key_env: u.api_key_env,
+        tenant_org_headers: u.tenant_org_headers.unwrap_or(false),
     };
     if let Err(e) = upstream.library_profile() {
         problems.push(e);
@@ -1246,6 +1323,7 @@ impl Upstream {
             retries: 3,
             http2_only: false,
             api_key_env: None,
+            tenant_org_headers: false,
         }
     }
 }

@@ -77,6 +77,12 @@ pub(crate) fn upstream_head(
             parts.headers.remove(key_header);
         }
         parts.headers.insert(name.clone(), value.clone());
+        // The organisation or project a call is billed to is the organisation's to choose,
+        // never a tenant's, unless the upstream's configuration lets the tenant choose.
+        if !upstream.config.tenant_org_headers {
+            parts.headers.remove("openai-organization");
+            parts.headers.remove("openai-project");
+        }
     }
     Some(parts)
 }

@@ -49,12 +49,42 @@ pub(crate) async fn handle(
             "request",
         );
     }
-    let (parts, body) = response.into_parts();
-    Response::from_parts(parts, body.holding(in_flight))
+    // Nothing the organisation holds reaches a client: an upstream that echoes the real key
+    // (in a header, an error, a stream) has it masked on the way.
+    let (mut parts, body) = response.into_parts();
+    crate::relay::mask_headers(&shared.secrets, &mut parts.headers);
+    Response::from_parts(parts, body.holding(in_flight).scrubbing(&shared.secrets))
+}
+
+/// Whether a request may read `/metrics` on the clients' listener: only with the configured
+/// token (compared by hash, in no time that depends on how much of it matched). Without a
+/// token configured, `/metrics` is the admin listener's alone.
+fn may_read_metrics(shared: &Shared, headers: &http::HeaderMap) -> bool {
+    use sha2::{Digest, Sha256};
+    let Some(token) = &shared.config.metrics_token else {
+        return false;
+    };
+    let Ok(Some(given)) = crate::tenant::presented_key(headers) else {
+        return false;
+    };
+    Sha256::digest(given.as_bytes()) == Sha256::digest(token.as_bytes())
+}
+
+/// `/metrics` as Prometheus reads it.
+pub(crate) async fn metrics_page(shared: &Shared) -> (Bytes, HeaderValue) {
+    shared.record_levels().await;
+    (
+        Bytes::from(shared.metrics.render()),
+        HeaderValue::from_static("text/plain; version=0.0.4"),
+    )
 }
 
 /// The service paths: liveness, readiness, metrics.
-async fn service(shared: &Shared, path: &str) -> Option<Response<Relay>> {
+async fn service(
+    shared: &Shared,
+    path: &str,
+    headers: &http::HeaderMap,
+) -> Option<Response<Relay>> {
     let draining = shared.draining.load(Ordering::Relaxed);
     let plain = |status: StatusCode, text: &'static str| {
         let mut response = Response::new(Relay::full(Bytes::from_static(text.as_bytes())));
@@ -77,15 +107,19 @@ async fn service(shared: &Shared, path: &str) -> Option<Response<Relay>> {
                 "the store can't be reached\n",
             )
         }),
-        "/metrics" => {
-            shared.record_levels().await;
-            let mut response = Response::new(Relay::full(Bytes::from(shared.metrics.render())));
-            response.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; version=0.0.4"),
-            );
+        // Every tenant's name, spend and levels: for operators only.
+        "/metrics" if may_read_metrics(shared, headers) => {
+            let (text, content_type) = metrics_page(shared).await;
+            let mut response = Response::new(Relay::full(text));
+            response
+                .headers_mut()
+                .insert(header::CONTENT_TYPE, content_type);
             Some(response)
         }
+        "/metrics" => Some(plain(
+            StatusCode::NOT_FOUND,
+            "not here: /metrics is served on admin_listen, or here with the token metrics_token_env names\n",
+        )),
         _ => None,
     }
 }
@@ -119,7 +153,7 @@ async fn serve(
     shared: &Arc<Shared>,
     request: Request<Incoming>,
 ) -> (Response<Relay>, Option<String>, &'static str) {
-    if let Some(response) = service(shared, request.uri().path()).await {
+    if let Some(response) = service(shared, request.uri().path(), request.headers()).await {
         return (response, None, "service");
     }
     let path_and_query = request

@@ -8,6 +8,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
@@ -24,6 +26,8 @@ pub struct Relay {
     /// What the body keeps alive until the client is done with it (the connection's count of
     /// requests in flight).
     held: Option<Box<dyn Send + Sync>>,
+    /// Takes the organisation's secrets out of what the client reads.
+    scrub: Option<Scrubber>,
 }
 
 enum Inner {
@@ -45,6 +49,7 @@ impl Relay {
         Relay {
             inner: Inner::Full(Some(bytes)),
             held: None,
+            scrub: None,
         }
     }
 
@@ -54,6 +59,7 @@ impl Relay {
         Relay {
             inner: Inner::Plain(Watched::new(Gapped::new(body, gap, stalled), unread)),
             held: None,
+            scrub: None,
         }
     }
 
@@ -72,6 +78,7 @@ impl Relay {
                 ended: false,
             },
             held: None,
+            scrub: None,
         }
     }
 
@@ -79,6 +86,28 @@ impl Relay {
     pub(crate) fn holding(mut self, held: Box<dyn Send + Sync>) -> Relay {
         self.held = Some(held);
         self
+    }
+
+    /// Masks every occurrence of `secrets` in the body the client reads (see [`Scrubber`]).
+    pub(crate) fn scrubbing(mut self, secrets: &Arc<Secrets>) -> Relay {
+        if !secrets.is_empty() {
+            self.scrub = Some(Scrubber::new(Arc::clone(secrets)));
+        }
+        self
+    }
+
+    fn poll_inner(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match &mut self.inner {
+            Inner::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            Inner::Plain(body) => Pin::new(body).poll_frame(cx),
+            Inner::Metered { body, ended, .. } => {
+                let polled = Pin::new(body).poll_frame(cx);
+                if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+                    *ended = true;
+                }
+                polled
+            }
+        }
     }
 }
 
@@ -91,20 +120,42 @@ impl Body for Relay {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        match &mut this.inner {
-            Inner::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-            Inner::Plain(body) => Pin::new(body).poll_frame(cx),
-            Inner::Metered { body, ended, .. } => {
-                let polled = Pin::new(body).poll_frame(cx);
-                if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
-                    *ended = true;
+        if this.scrub.is_none() {
+            return this.poll_inner(cx);
+        }
+        loop {
+            let polled = this.poll_inner(cx);
+            let Some(scrub) = this.scrub.as_mut() else {
+                return polled;
+            };
+            match polled {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => {
+                        let out = scrub.feed(&data);
+                        // Held back whole (the start of a secret, perhaps): read on.
+                        if out.is_empty() && !data.is_empty() {
+                            continue;
+                        }
+                        return Poll::Ready(Some(Ok(Frame::data(out))));
+                    }
+                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                },
+                Poll::Ready(None) => {
+                    let rest = scrub.flush();
+                    if rest.is_empty() {
+                        return Poll::Ready(None);
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(rest))));
                 }
-                polled
+                other => return other,
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
+        if self.scrub.as_ref().is_some_and(|s| !s.pending.is_empty()) {
+            return false;
+        }
         match &self.inner {
             Inner::Full(bytes) => bytes.is_none(),
             Inner::Plain(body) => body.is_end_stream(),
@@ -355,5 +406,117 @@ where
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .as_ref()
             .map_or_else(SizeHint::default, Body::size_hint)
+    }
+}
+
+/// The organisation's secrets (the upstreams' real keys, the header tenants' shared secret),
+/// as they may appear in what an upstream sends back.
+pub(crate) type Secrets = Vec<Vec<u8>>;
+
+/// Masks the organisation's secrets in a body as it passes, whatever its frames: each
+/// occurrence is overwritten with `[redacted]` and stars to its length (so a `content-length`
+/// stays true), and the end of a frame that could begin one is held back until the next frame
+/// says (at most a secret's length, and only while it could be one).
+pub(crate) struct Scrubber {
+    secrets: Arc<Secrets>,
+    pending: Vec<u8>,
+}
+
+impl Scrubber {
+    pub(crate) fn new(secrets: Arc<Secrets>) -> Scrubber {
+        Scrubber {
+            secrets,
+            pending: Vec::new(),
+        }
+    }
+
+    /// Takes `data`: what can be handed on now, masked.
+    pub(crate) fn feed(&mut self, data: &[u8]) -> Bytes {
+        self.pending.extend_from_slice(data);
+        mask(&self.secrets, &mut self.pending);
+        // Hold back the longest end that begins a secret.
+        let hold = self
+            .secrets
+            .iter()
+            .map(|secret| {
+                (1..secret.len().min(self.pending.len() + 1))
+                    .rev()
+                    .find(|n| self.pending.ends_with(&secret[..*n]))
+                    .unwrap_or(0)
+            })
+            .max()
+            .unwrap_or(0);
+        let out = self.pending.len() - hold;
+        let rest = self.pending.split_off(out);
+        Bytes::from(std::mem::replace(&mut self.pending, rest))
+    }
+
+    /// What is held back, at the end.
+    pub(crate) fn flush(&mut self) -> Bytes {
+        Bytes::from(std::mem::take(&mut self.pending))
+    }
+}
+
+/// Overwrites every occurrence of each secret in `bytes`.
+pub(crate) fn mask(secrets: &Secrets, bytes: &mut [u8]) -> bool {
+    let mut found = false;
+    for secret in secrets {
+        if secret.is_empty() || secret.len() > bytes.len() {
+            continue;
+        }
+        let mut i = 0;
+        while i + secret.len() <= bytes.len() {
+            if bytes[i..i + secret.len()] == secret[..] {
+                let shown = b"[redacted]";
+                for (j, b) in bytes[i..i + secret.len()].iter_mut().enumerate() {
+                    *b = shown.get(j).copied().unwrap_or(b'*');
+                }
+                found = true;
+                i += secret.len();
+            } else {
+                i += 1;
+            }
+        }
+    }
+    found
+}
+
+/// Masks the secrets in every header value.
+pub(crate) fn mask_headers(secrets: &Secrets, headers: &mut http::HeaderMap) {
+    if secrets.is_empty() {
+        return;
+    }
+    for value in headers.values_mut() {
+        let mut bytes = value.as_bytes().to_vec();
+        if mask(secrets, &mut bytes)
+            && let Ok(masked) = http::HeaderValue::from_bytes(&bytes)
+        {
+            *value = masked;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_secret_is_masked_whatever_frames_it_comes_in() {
+        let secrets = Arc::new(vec![b"sk-secret-123".to_vec()]);
+        let text = b"data: {\"echo\":\"Bearer sk-secret-123\"}\n\nsk-secret-12";
+        for cut in 1..text.len() {
+            let mut scrubber = Scrubber::new(Arc::clone(&secrets));
+            let mut out = Vec::new();
+            for piece in text.chunks(cut) {
+                out.extend_from_slice(&scrubber.feed(piece));
+            }
+            out.extend_from_slice(&scrubber.flush());
+            assert_eq!(out.len(), text.len());
+            let out = String::from_utf8(out).unwrap();
+            assert!(!out.contains("sk-secret-123"), "{cut}: {out}");
+            assert!(out.contains("Bearer [redacted]***"), "{cut}: {out}");
+            // A partial secret at the end is not the secret: handed on as it came.
+            assert!(out.ends_with("sk-secret-12"), "{cut}: {out}");
+        }
     }
 }

@@ -86,6 +86,8 @@ pub(crate) struct Shared {
     pub(crate) next_member: std::sync::atomic::AtomicUsize,
     /// What outlives a reload.
     pub(crate) lasting: Arc<Lasting>,
+    /// The organisation's secrets, masked in everything a client reads.
+    pub(crate) secrets: Arc<crate::relay::Secrets>,
     /// Which configuration this is (0: the first), in [`Lasting::history`].
     generation: usize,
     /// The keys whose levels were carried over into this configuration already.
@@ -236,7 +238,7 @@ impl std::fmt::Display for ReloadError {
         write!(
             f,
             "reload refused, the configuration in force stays: {}",
-            self.0.join("; ")
+            crate::config::masked(&self.0.join("; "))
         )
     }
 }
@@ -292,8 +294,8 @@ impl Current {
             tracing::warn!(kept = ?kept, "reload: these take a restart to change; kept as they were");
         }
         let generation = old.generation + 1;
-        let shared =
-            Shared::new(&config, &old.lasting, generation).map_err(|e| ReloadError(vec![e.0]))?;
+        let shared = Shared::new(&config, &old.lasting, generation)
+            .map_err(|e| ReloadError(vec![crate::config::masked(&e.0)]))?;
         old.lasting
             .history
             .lock()
@@ -312,7 +314,7 @@ pub struct StartError(pub String);
 
 impl std::fmt::Display for StartError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&crate::config::masked(&self.0))
     }
 }
 
@@ -462,6 +464,10 @@ impl Shared {
         let registry = Arc::clone(&lasting.registry);
         let naming = Arc::new((lasting.base.clone(), config.clone()));
         let mut upstreams = Vec::new();
+        let mut secrets: crate::relay::Secrets = Vec::new();
+        if let Some(secret) = &config.tenants.header_secret {
+            secrets.push(secret.as_bytes().to_vec());
+        }
         for u in &config.upstreams {
             let profile = with_models(u, u.library_profile().map_err(StartError)?);
             let builder = Gate::builder(profile.clone())
@@ -495,6 +501,10 @@ impl Shared {
                             "the environment variable {var} (api_key_env) is not set"
                         ))
                     })?;
+                    // A key too short to be one would mask half of every answer.
+                    if key.len() >= 8 && !secrets.iter().any(|s| s == key.as_bytes()) {
+                        secrets.push(key.as_bytes().to_vec());
+                    }
                     let (name, value) = match u.family() {
                         Family::Anthropic => (HeaderName::from_static("x-api-key"), key),
                         Family::Azure => (HeaderName::from_static("api-key"), key),
@@ -559,6 +569,7 @@ impl Shared {
             config: config.clone(),
             next_member: std::sync::atomic::AtomicUsize::new(0),
             lasting: Arc::clone(lasting),
+            secrets: Arc::new(secrets),
             generation,
             carried: Mutex::new(HashSet::new()),
         })

@@ -1,0 +1,259 @@
+//! Money and tenants hold (issue 31): what the proxy can't see can't overrun a budget, an error
+//! costs nothing, nothing the organisation holds reaches a tenant, operators' data stays with
+//! operators, and pools route around trouble.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::json;
+
+use crate::common::*;
+use crate::org::{CHAT, budget_left, chat, fresh};
+
+/// The organisation's real key, as the tests' upstreams see it.
+const REAL_KEY: &str = "sk-org-REAL-0123456789abcdef";
+
+/// Sets the variable `api_key_env` names (each test its own variable).
+fn real_key(var: &str) {
+    // SAFETY of the test: the variable is this test's own, and nothing reads it concurrently.
+    unsafe { std::env::set_var(var, REAL_KEY) };
+}
+
+// ---------------------------------------------------------------------------------------------
+// An error without usage spends no money.
+
+/// Upstream errors without usage (400, 401, 500, 503, each with a JSON error body and its
+/// length) give back every micro-dollar they reserved, in the tenant's budget, the tier's shared
+/// one and the upstream's, while the tenant's request window keeps each request. (Before: each
+/// error kept its reservation, and nine of them spent most of a $1 budget.)
+#[tokio::test]
+async fn an_error_without_usage_gives_its_reservation_back_to_every_budget() {
+    let failing = Scripted::start(|n, _| {
+        let status = [400, 401, 500, 503][n as usize % 4];
+        json_response(
+            status,
+            &[],
+            &json!({"error": {"message": "no", "type": "server_error", "param": null, "code": null}}),
+        )
+    })
+    .await;
+    let name = fresh("errors-free-");
+    let var = format!("TOLLGATE_TEST_{}", name.replace('-', "_").to_uppercase());
+    real_key(&var);
+    let running = proxy(&format!(
+        r#"
+        admin_listen = "127.0.0.1:0"
+        [tiers.team]
+        requests = "100/d"
+        spend = "$1/365d"
+        spend_total = "$1/365d"
+        [tenants]
+        default_tier = "team"
+        virtual_keys = {{ "vk-alice-0000" = "alice" }}
+        [[upstream]]
+        name = "{name}"
+        url = "{}"
+        profile = "openai"
+        requests = "1000/d"
+        spend = "$1/365d"
+        retries = 0
+        api_key_env = "{var}"
+        "#,
+        failing.url()
+    ))
+    .await;
+    for i in 0..9 {
+        let answer = send(
+            running.addr,
+            CHAT,
+            &[("authorization", "Bearer vk-alice-0000")],
+            Bytes::from(chat("gpt-4o", 10_000).to_string()),
+        )
+        .await;
+        assert_eq!(
+            answer.status,
+            [400, 401, 500, 503][i % 4],
+            "{}",
+            answer.body_str()
+        );
+    }
+    assert_eq!(failing.count.load(Ordering::SeqCst), 9);
+    for key in [
+        "budget:tenant:alice".to_owned(),
+        "budget:tier:team".to_owned(),
+        format!("budget:upstream:{name}"),
+    ] {
+        // Settled as each body ended: nothing left to wait for.
+        let mut left = budget_left(&running, &key).await;
+        for _ in 0..50 {
+            if left >= 1_000_000.0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            left = budget_left(&running, &key).await;
+        }
+        assert!(
+            (1_000_000.0..1_000_000.5).contains(&left),
+            "{key} holds {left}"
+        );
+    }
+    assert_eq!(
+        level(running.addr, &format!("{name}:tenant:alice"), "requests").await,
+        91
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Nothing the organisation holds reaches a tenant.
+
+/// What the scripted upstream echoes the `Authorization` it received in, by call number.
+fn echoing(n: u64, seen: &Seen) -> http::Response<http_body_util::Full<Bytes>> {
+    let echoed = seen
+        .headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    match n {
+        0 => json_response(
+            401,
+            &[],
+            &json!({"error": {"message": format!("bad key: {echoed}"), "type": "invalid_request_error", "param": null, "code": "invalid_api_key"}}),
+        ),
+        1 => json_response(
+            500,
+            &[],
+            &json!({"error": {"message": format!("failed for {echoed}"), "type": "server_error", "param": null, "code": null}}),
+        ),
+        2 => {
+            let mut answer = chat_answer(5, 2);
+            answer["choices"][0]["message"]["content"] = json!(echoed);
+            json_response(200, &[("x-debug-auth", &echoed)], &answer)
+        }
+        _ => {
+            let first = json!({"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": echoed}}]});
+            let usage = json!({"id": "c", "object": "chat.completion.chunk", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}});
+            http::Response::builder()
+                .status(200)
+                .header("content-type", "text/event-stream")
+                .body(http_body_util::Full::new(Bytes::from(format!(
+                    "data: {first}\n\ndata: {usage}\n\ndata: [DONE]\n\n"
+                ))))
+                .unwrap()
+        }
+    }
+}
+
+/// An upstream that echoes the `Authorization` it received (in a 401's body, a 500's, a 200's
+/// and a response header, a stream's first event) never hands the organisation's real key to
+/// the tenant: every answer has it masked (it had come back verbatim in all four shapes).
+#[tokio::test]
+async fn the_organisations_key_is_masked_in_everything_an_upstream_echoes() {
+    let echo = Scripted::start(echoing).await;
+    let name = fresh("scrub-");
+    let var = format!("TOLLGATE_TEST_{}", name.replace('-', "_").to_uppercase());
+    real_key(&var);
+    let running = proxy(&format!(
+        r#"
+        [tenants]
+        virtual_keys = {{ "vk-bob-00000" = "bob" }}
+        [[upstream]]
+        name = "{name}"
+        url = "{}"
+        profile = "openai"
+        requests = "1000/d"
+        retries = 0
+        api_key_env = "{var}"
+        "#,
+        echo.url()
+    ))
+    .await;
+    let statuses = [401, 500, 200, 200];
+    for (i, status) in statuses.into_iter().enumerate() {
+        let mut body = chat("gpt-4o", 10);
+        if i == 3 {
+            body["stream"] = json!(true);
+        }
+        let answer = send(
+            running.addr,
+            CHAT,
+            &[("authorization", "Bearer vk-bob-00000")],
+            Bytes::from(body.to_string()),
+        )
+        .await;
+        assert_eq!(answer.status, status, "{}", answer.body_str());
+        let text = answer.body_str();
+        assert!(!text.contains(REAL_KEY), "call {i}: {text}");
+        assert!(text.contains("Bearer [redacted]"), "call {i}: {text}");
+        for (name, value) in &answer.headers {
+            let value = String::from_utf8_lossy(value.as_bytes());
+            assert!(!value.contains(REAL_KEY), "call {i}: {name}: {value}");
+        }
+        if i == 2 {
+            assert!(
+                answer.headers["x-debug-auth"]
+                    .to_str()
+                    .unwrap()
+                    .starts_with("Bearer [redacted]*"),
+                "{:?}",
+                answer.headers
+            );
+        }
+    }
+    // The upstream did get the real key: it is the answers that are masked.
+    let seen = echo.seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 4);
+    assert!(
+        seen.iter()
+            .all(|s| s.headers["authorization"] == format!("Bearer {REAL_KEY}"))
+    );
+}
+
+/// A tenant's `OpenAI-Organization` and `OpenAI-Project` never go up beside the organisation's
+/// real key (they had, so a tenant chose the organisation and project billed); an upstream
+/// with `tenant_org_headers = true` lets them through.
+#[tokio::test]
+async fn a_tenant_cannot_choose_the_organisation_or_project_billed() {
+    let upstream = Scripted::start(|_, _| json_response(200, &[], &chat_answer(5, 2))).await;
+    for allowed in [false, true] {
+        let name = fresh("org-headers-");
+        let var = format!("TOLLGATE_TEST_{}", name.replace('-', "_").to_uppercase());
+        real_key(&var);
+        let running = proxy(&format!(
+            r#"
+            [tenants]
+            virtual_keys = {{ "vk-carol-0000" = "carol" }}
+            [[upstream]]
+            name = "{name}"
+            url = "{}"
+            profile = "openai"
+            requests = "1000/d"
+            api_key_env = "{var}"
+            tenant_org_headers = {allowed}
+            "#,
+            upstream.url()
+        ))
+        .await;
+        let answer = send(
+            running.addr,
+            CHAT,
+            &[
+                ("authorization", "Bearer vk-carol-0000"),
+                ("openai-organization", "org-someone-else"),
+                ("openai-project", "proj_someone_else"),
+            ],
+            Bytes::from(chat("gpt-4o", 10).to_string()),
+        )
+        .await;
+        assert_eq!(answer.status, 200, "{}", answer.body_str());
+        let seen = upstream.seen.lock().unwrap().last().cloned().unwrap();
+        assert_eq!(
+            seen.headers.get("openai-organization").is_some(),
+            allowed,
+            "{:?}",
+            seen.headers
+        );
+        assert_eq!(seen.headers.get("openai-project").is_some(), allowed);
+    }
+}
