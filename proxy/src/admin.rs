@@ -119,6 +119,19 @@ struct WindowView {
     level: Option<f64>,
     /// What it refills a second.
     refill_per_second: f64,
+    /// For a budget (`spend`, counted in micro-dollars): its capacity, level and refill in
+    /// dollars, as people read money.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dollars: Option<DollarsView>,
+}
+
+#[derive(Debug, Serialize)]
+struct DollarsView {
+    /// The rate as written in the configuration (`$5/d`).
+    rate: String,
+    capacity: f64,
+    level: Option<f64>,
+    refill_per_second: f64,
 }
 
 fn windows(limits: &Limits, levels: Option<&tollgate::Snapshot>) -> Vec<WindowView> {
@@ -128,12 +141,20 @@ fn windows(limits: &Limits, levels: Option<&tollgate::Snapshot>) -> Vec<WindowVi
             .and_then(|s| s.windows().get(i))
             .filter(|a| a.currency == currency)
             .map(|a| a.tokens.as_f64());
+        let refill_per_second = rate.amount() as f64 / rate.period().as_secs_f64();
+        let dollars = (currency == Currency::Spend).then(|| DollarsView {
+            rate: tollgate::Rates::from(*rate).money().to_string(),
+            capacity: rate.burst() as f64 / 1e6,
+            level: level.map(|l| l / 1e6),
+            refill_per_second: refill_per_second / 1e6,
+        });
         out.push(WindowView {
             currency,
             rate: rate.to_string(),
             capacity: rate.burst(),
             level,
-            refill_per_second: rate.amount() as f64 / rate.period().as_secs_f64(),
+            refill_per_second,
+            dollars,
         });
     }
     out

@@ -257,3 +257,178 @@ async fn a_tenant_cannot_choose_the_organisation_or_project_billed() {
         assert_eq!(seen.headers.get("openai-project").is_some(), allowed);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Operators' data for operators.
+
+/// A GET with these headers.
+async fn get_with(addr: std::net::SocketAddr, path: &str, headers: &[(&str, &str)]) -> Answer {
+    let mut request = http::Request::get(format!("http://{addr}{path}"));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = client()
+        .request(
+            request
+                .body(http_body_util::Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .expect("the proxy answers");
+    let (head, body) = response.into_parts();
+    use http_body_util::BodyExt;
+    Answer {
+        status: head.status,
+        headers: head.headers,
+        body: body.collect().await.unwrap().to_bytes(),
+    }
+}
+
+/// `/metrics` (every tenant's name, spend and levels) answers no one on the clients' listener
+/// without the configured token (it answered anyone, with no key); the admin listener serves
+/// it, and the clients' listener with the token.
+#[tokio::test]
+async fn metrics_are_for_operators_only() {
+    let upstream = Scripted::start(|_, _| json_response(200, &[], &chat_answer(5, 2))).await;
+    let name = fresh("metrics-");
+    let toml = format!(
+        r#"
+        admin_listen = "127.0.0.1:0"
+        [[upstream]]
+        name = "{name}"
+        url = "{}"
+        profile = "openai"
+        requests = "1000/d"
+        "#,
+        upstream.url()
+    );
+    // Without a token configured (built here, not by `proxy`, which gives one).
+    let mut config = tollgate_proxy::Config::from_toml(&toml).unwrap();
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    let running = tollgate_proxy::Proxy::bind(config).await.unwrap().spawn();
+    for headers in [
+        vec![],
+        vec![("authorization", "Bearer tests-metrics-token-0123")],
+    ] {
+        let answer = get_with(running.addr, "/metrics", &headers).await;
+        assert_eq!(answer.status, 404, "{}", answer.body_str());
+        assert!(!answer.body_str().contains("tollgate_"));
+    }
+    let admin = running.admin.unwrap();
+    let served = get_with(admin, "/metrics", &[]).await;
+    assert_eq!(served.status, 200);
+    assert!(served.body_str().contains("tollgate_proxy_"));
+    // With a token: only with it.
+    let running = proxy(&toml).await;
+    for (headers, status) in [
+        (vec![], 404),
+        (
+            vec![("authorization", "Bearer tests-metrics-token-0124")],
+            404,
+        ),
+        (
+            vec![("authorization", "Bearer tests-metrics-token-0123")],
+            200,
+        ),
+    ] {
+        let answer = get_with(running.addr, "/metrics", &headers).await;
+        assert_eq!(answer.status, status, "{headers:?}");
+    }
+}
+
+/// The live view answers only to its own address and the names `admin_hosts` lists: a page
+/// reaching it through another name (DNS rebinding) is refused (it answered any `Host`).
+#[tokio::test]
+async fn the_live_view_answers_only_to_its_own_names() {
+    let running = proxy(
+        r#"
+        admin_listen = "127.0.0.1:0"
+        admin_hosts = ["ops.example.com"]
+        [[upstream]]
+        url = "http://127.0.0.1:9"
+        requests = "1/s"
+        "#,
+    )
+    .await;
+    let admin = running.admin.unwrap();
+    let port = admin.port();
+    for (host, status) in [
+        (format!("127.0.0.1:{port}"), 200),
+        (format!("localhost:{port}"), 200),
+        ("ops.example.com".to_owned(), 200),
+        (format!("rebind.attacker.example:{port}"), 421),
+        ("127.0.0.1:1".to_owned(), 421),
+    ] {
+        for path in ["/admin/api/keys", "/admin/", "/metrics"] {
+            let answer = get_with(admin, path, &[("host", &host)]).await;
+            assert_eq!(answer.status, status, "{host} {path}");
+            if status != 200 {
+                assert!(!answer.body_str().contains("keys"), "{host} {path}");
+            }
+        }
+    }
+}
+
+/// An upstream URL's password never appears in a configuration's errors, at start or at a
+/// reload (it was printed as written).
+#[tokio::test]
+async fn a_urls_password_never_appears_in_an_error() {
+    let file = r#"
+        [[upstream]]
+        name = "secret-url"
+        url = "ftp://admin:hunter2-password@10.0.0.7:8000/v1"
+        requests = "1/s"
+        [[upstream]]
+        name = "other"
+        url = "https://user:hunter2-password@api.example.com?x=1"
+        requests = "1/s"
+    "#;
+    let err = tollgate_proxy::Config::from_toml(file).unwrap_err();
+    let text = format!("{err} {err:?}");
+    assert!(!text.contains("hunter2"), "{text}");
+    assert!(text.contains("ftp://***@10.0.0.7:8000/v1"), "{text}");
+    // A file that doesn't parse quotes its line: masked too.
+    let err = tollgate_proxy::Config::from_toml(
+        "[[upstream]]\nurl = \"https://user:hunter2-password@api.example.com\" nonsense\n",
+    )
+    .unwrap_err();
+    assert!(!format!("{err} {err:?}").contains("hunter2"), "{err}");
+    // At a reload, refused and logged: the same text.
+    let running = proxy("[[upstream]]\nurl = \"http://127.0.0.1:9\"\nrequests = \"1/s\"\n").await;
+    let mut config =
+        tollgate_proxy::Config::from_toml("[[upstream]]\nurl = \"http://127.0.0.1:9\"\n").unwrap();
+    config.upstreams[0].url = "http://user:hunter2-password@127.0.0.1:9".parse().unwrap();
+    config.upstreams[0].profile = "no-such-profile".to_owned();
+    let err = running.reloader.reload(config).await.unwrap_err();
+    assert!(!format!("{err} {err:?}").contains("hunter2"), "{err}");
+}
+
+/// The live view shows a budget in dollars: `$5/d` reads $5 of $5 (it read "5,000,000 of
+/// 5,000,000"), beside the micro-dollars its windows count in.
+#[tokio::test]
+async fn the_live_view_shows_money_in_dollars() {
+    let name = fresh("dollars-");
+    let running = proxy(&format!(
+        r#"
+        admin_listen = "127.0.0.1:0"
+        [[upstream]]
+        name = "{name}"
+        url = "http://127.0.0.1:9"
+        requests = "1/s"
+        spend = "$5/d"
+        "#
+    ))
+    .await;
+    let view = crate::org::view(&running).await;
+    let entry = crate::org::entry(&view, &format!("budget:upstream:{name}"));
+    let window = &entry["windows"][0];
+    assert_eq!(window["capacity"], 5_000_000);
+    assert_eq!(window["dollars"]["rate"], "$5/d");
+    assert_eq!(window["dollars"]["capacity"], 5.0);
+    assert_eq!(window["dollars"]["level"], 5.0);
+    let page = get(running.admin.unwrap(), "/admin/").await.body_str();
+    assert!(
+        page.contains("w.dollars.capacity"),
+        "the page draws dollars"
+    );
+}
