@@ -374,53 +374,111 @@ pub(crate) async fn prepare(
         }
     }
     // Budgets never wait: a spent budget is answered as the provider answers a spent quota.
+    // A pool's members' own budgets are paid by the member that serves the call, when it is
+    // chosen (`forward.rs`): paid here, the first member's had paid for every member.
+    let pooled = shared
+        .config
+        .pool_of(&upstream.name, attempts.estimated().model())
+        .is_some();
     for (key, limits, named) in budgets(shared, upstream, tenant) {
-        shared.carry(&key).await;
-        let key = shared.store_key(&key);
-        let limiter = shared
-            .registry
-            .limiter(&key, &limits)
-            .map_err(|err| refusal(shared, upstream, &err, None))?;
-        let cost = gate
-            .cost_of(attempts.estimated(), Some(&limits))
-            .map_err(|err| refusal(shared, upstream, &err, None))?;
-        let priced = Dollars(cost.spend);
-        match limiter.try_acquire(cost).await {
-            Ok(Attempt::Admitted(permit)) => attempts.attach(permit),
-            Ok(Attempt::NotYet(wait)) => {
-                upstream.metrics.budget_refusals.increment(1);
-                shared.live.budget_refused(&key);
-                let left = limiter
-                    .snapshot()
-                    .await
-                    .ok()
-                    .and_then(|s| s.least(Currency::Spend))
-                    .map_or(0, |l| u64::try_from(l.whole().max(0)).unwrap_or(0));
-                return Err(Refusal {
-                    kind: ErrorKind::BudgetSpent,
-                    message: format!(
-                        "tollgate-proxy: {named} is spent: {} left, and this call may cost up to {priced}; enough refills in {}",
-                        Dollars(left),
-                        human(wait)
-                    ),
-                    retry_after: Some(wait),
-                });
-            }
-            Err(Error::CostExceedsCapacity { .. }) => {
-                upstream.metrics.budget_refusals.increment(1);
-                shared.live.budget_refused(&key);
-                return Err(Refusal::new(
-                    ErrorKind::BudgetSpent,
-                    format!(
-                        "tollgate-proxy: this call may cost up to {priced}, more than {named} ever holds; lower max_tokens"
-                    ),
-                ));
-            }
-            Err(err) => return Err(refusal(shared, upstream, &err, None)),
+        if pooled && key.starts_with(&format!("{BUDGET}upstream:")) {
+            continue;
         }
+        let permit = take_budget(shared, upstream, &attempts, &key, &limits, &named).await?;
+        attempts.attach(permit);
     }
     Ok(Prepared {
         attempts,
         tenant_view,
     })
+}
+
+/// The budget of `member` (its upstream's `spend`), paid for the call in `attempts` at once, if
+/// it keeps one.
+pub(crate) async fn member_budget(
+    shared: &Shared,
+    member: &ReadyUpstream,
+    attempts: &Attempts,
+) -> Result<Option<tollgate::Permit>, Refusal> {
+    if member.config.spend.is_empty() {
+        return Ok(None);
+    }
+    let key = format!("{BUDGET}upstream:{}", member.name);
+    let limits = Limits::default().with_spend(member.config.spend.clone());
+    let named = format!(
+        "the budget of upstream `{}` ({})",
+        member.name,
+        member.config.spend.money()
+    );
+    take_budget(shared, member, attempts, &key, &limits, &named)
+        .await
+        .map(Some)
+}
+
+/// Pays the call's most price from the budget `key` now, or answers why it can't (spent, or
+/// never enough): budgets never wait.
+async fn take_budget(
+    shared: &Shared,
+    upstream: &ReadyUpstream,
+    attempts: &Attempts,
+    key: &str,
+    limits: &Limits,
+    named: &str,
+) -> Result<tollgate::Permit, Refusal> {
+    shared.carry(key).await;
+    let key = shared.store_key(key);
+    let limiter = shared
+        .registry
+        .limiter(&key, limits)
+        .map_err(|err| refusal(shared, upstream, &err, None))?;
+    let cost = upstream
+        .gate
+        .cost_of(attempts.estimated(), Some(limits))
+        .map_err(|err| refusal(shared, upstream, &err, None))?;
+    let priced = Dollars(cost.spend);
+    match limiter.try_acquire(cost).await {
+        Ok(Attempt::Admitted(permit)) => Ok(permit),
+        Ok(Attempt::NotYet(wait)) => {
+            upstream.metrics.budget_refusals.increment(1);
+            shared.live.budget_refused(&key);
+            let left = limiter
+                .snapshot()
+                .await
+                .ok()
+                .and_then(|s| s.least(Currency::Spend))
+                .map_or(0, |l| u64::try_from(l.whole().max(0)).unwrap_or(0));
+            Err(Refusal {
+                kind: ErrorKind::BudgetSpent,
+                message: format!(
+                    "tollgate-proxy: {named} is spent: {} left, and this call may cost up to {priced}; enough refills in {}",
+                    Dollars(left),
+                    human(wait)
+                ),
+                retry_after: Some(wait),
+            })
+        }
+        Err(Error::CostExceedsCapacity { .. }) => {
+            upstream.metrics.budget_refusals.increment(1);
+            shared.live.budget_refused(&key);
+            Err(Refusal::new(
+                ErrorKind::BudgetSpent,
+                format!(
+                    "tollgate-proxy: this call may cost up to {priced}, more than {named} ever holds; lower max_tokens"
+                ),
+            ))
+        }
+        Err(err) => Err(refusal(shared, upstream, &err, None)),
+    }
+}
+
+/// Gives a budget's charge back: the attempt it paid for is billed nothing (an error without
+/// usage, a 429, an upstream that could not be reached).
+pub(crate) async fn refund(permit: tollgate::Permit) {
+    let key = permit.limiter().key().to_owned();
+    if let Err(err) = permit
+        .settle_usage(tollgate::Usage::default().with_spend(0))
+        .await
+    {
+        tracing::warn!(%key, error = %err, "could not give a budget's charge back");
+    }
 }

@@ -11,6 +11,8 @@ use tollgate::http::Profile;
 use tollgate::http::models::Price;
 use tollgate::{Limits, Rates};
 
+pub use crate::health::Ejection;
+
 /// A configuration that can't be used, with every problem found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError(pub Vec<String>);
@@ -114,6 +116,12 @@ pub struct Pool {
     pub models: Vec<String>,
     /// The upstreams that serve it, by name. They speak the same API (one profile).
     pub members: Vec<String>,
+    /// When a member that keeps failing is passed over, and for how long.
+    pub ejection: Ejection,
+    /// How long one attempt at a member may wait for its answer's first byte before the call
+    /// moves to another member (`None`: the call's time left, shared by the members it has not
+    /// tried yet; the last one gets all of it).
+    pub attempt_timeout: Option<Duration>,
 }
 
 /// One model an upstream lists.
@@ -427,6 +435,10 @@ struct PoolFile {
     #[serde(default)]
     models: Vec<String>,
     members: Vec<String>,
+    eject_after: Option<u32>,
+    eject_seconds: Option<f64>,
+    eject_max_seconds: Option<f64>,
+    attempt_timeout_seconds: Option<f64>,
 }
 
 /// A virtual key's tenant: its name, or its name and tier.
@@ -1105,10 +1117,41 @@ fn pools(files: Vec<PoolFile>, upstreams: &[Upstream], problems: &mut Vec<String
                 ));
             }
         }
+        let defaults = Ejection::default();
+        if p.eject_after == Some(0) {
+            problems.push(format!(
+                "{what}: eject_after = 0 would eject a member that never failed"
+            ));
+        }
+        let ejection = Ejection {
+            after: p.eject_after.unwrap_or(defaults.after).max(1),
+            base: timeout(
+                p.eject_seconds,
+                defaults.base,
+                &format!("{what}: eject_seconds"),
+                problems,
+            ),
+            most: timeout(
+                p.eject_max_seconds,
+                defaults.most,
+                &format!("{what}: eject_max_seconds"),
+                problems,
+            ),
+        };
+        let attempt_timeout = p.attempt_timeout_seconds.map(|s| {
+            timeout(
+                Some(s),
+                Duration::ZERO,
+                &format!("{what}: attempt_timeout_seconds"),
+                problems,
+            )
+        });
         pools.push(Pool {
             name: p.name,
             models: p.models,
             members: p.members,
+            ejection,
+            attempt_timeout,
         });
     }
     pools

@@ -38,6 +38,7 @@ mod admit;
 mod answer;
 pub mod config;
 mod forward;
+mod health;
 mod keys;
 mod metrics;
 mod proxy;

@@ -55,6 +55,8 @@ pub(crate) struct ReadyUpstream {
     /// way to its line (which the store's wait can't count) or in it (which it counts too, so
     /// a long line weighs double; the pool compares members alike, so the shorter still wins).
     pub(crate) choosing: std::sync::atomic::AtomicU64,
+    /// Its record of failures, for a pool's outlier ejection.
+    pub(crate) health: crate::health::Health,
 }
 
 /// Everything the requests share.
@@ -543,6 +545,7 @@ impl Shared {
                 metrics: UpstreamMetrics::new(&u.name),
                 keys: Mutex::new(HashSet::new()),
                 choosing: std::sync::atomic::AtomicU64::new(0),
+                health: crate::health::Health::default(),
             }));
         }
         let tenant_header = match &config.tenants.from {

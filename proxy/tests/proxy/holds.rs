@@ -432,3 +432,193 @@ async fn the_live_view_shows_money_in_dollars() {
         "the page draws dollars"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Pools that route around trouble.
+
+/// An upstream that accepts connections and never answers; counts the connections.
+struct Hanging {
+    addr: std::net::SocketAddr,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Hanging {
+    async fn start() -> Hanging {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = std::sync::Arc::clone(&accepted);
+        let task = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                held.push(stream);
+            }
+        });
+        Hanging {
+            addr,
+            accepted,
+            task,
+        }
+    }
+}
+
+impl Drop for Hanging {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A pool of two whose east member hangs: 50 calls at once are all answered (from west), none
+/// waiting its 10 s deadline: an attempt at east moves on after its 1 s, and east, failing
+/// three in a row, is passed over by the calls after (before: 25 of 50 ended in 504 after the
+/// whole deadline).
+#[tokio::test]
+async fn a_pool_with_a_hanging_member_answers_every_call_well_inside_its_deadline() {
+    let east = Hanging::start().await;
+    let west = crate::org::roomy().await;
+    let name = fresh("hang-");
+    let limits = "requests = \"1000/d\"\ntimeout_seconds = 10";
+    let running = proxy(&format!(
+        "{}\nattempt_timeout_seconds = 1\n",
+        crate::org::pool_config(
+            &name,
+            &format!("http://{}", east.addr),
+            &format!("http://{}", west.addr),
+            limits,
+            limits,
+        )
+    ))
+    .await;
+    let started = std::time::Instant::now();
+    let calls = (0..50).map(|_| {
+        let addr = running.addr;
+        tokio::spawn(async move {
+            let began = std::time::Instant::now();
+            let answer = send(addr, CHAT, &[], Bytes::from(chat("gpt-4o", 10).to_string())).await;
+            (answer.status, began.elapsed())
+        })
+    });
+    let mut slowest = Duration::ZERO;
+    for call in calls.collect::<Vec<_>>() {
+        let (status, took) = call.await.unwrap();
+        assert_eq!(status, 200);
+        slowest = slowest.max(took);
+    }
+    assert!(slowest < Duration::from_secs(5), "slowest {slowest:?}");
+    assert_eq!(west.stats.ok.load(Ordering::Relaxed), 50);
+    // Ejected: the calls after it don't try east at all.
+    let tried = east.accepted.load(Ordering::SeqCst);
+    for _ in 0..10 {
+        let answer = send(
+            running.addr,
+            CHAT,
+            &[],
+            Bytes::from(chat("gpt-4o", 10).to_string()),
+        )
+        .await;
+        assert_eq!(answer.status, 200);
+    }
+    assert_eq!(east.accepted.load(Ordering::SeqCst), tried);
+    assert!(started.elapsed() < Duration::from_secs(8));
+    let text = get(running.addr, "/metrics").await.body_str();
+    assert_eq!(
+        metric(
+            &text,
+            &format!(r#"tollgate_proxy_pool_ejections_total{{upstream="{name}-east"}}"#)
+        ),
+        Some(1.0),
+        "{text}"
+    );
+}
+
+/// A member whose own budget is spent is skipped and the other member serves (before, 151 of
+/// 200 calls were refused `insufficient_quota` while west had $100 left); a member that answers
+/// 500 gets its budget's charge back (24 failed attempts had drained east's) and, failing three
+/// in a row, is passed over.
+#[tokio::test]
+async fn each_member_of_a_pool_pays_its_own_budget_and_a_spent_or_failing_one_is_skipped() {
+    let east = crate::org::roomy().await;
+    let west = crate::org::roomy().await;
+    let name = fresh("pool-budget-");
+    let running = proxy(&format!(
+        "admin_listen = \"127.0.0.1:0\"\n{}",
+        crate::org::pool_config(
+            &name,
+            &format!("http://{}", east.addr),
+            &format!("http://{}", west.addr),
+            "requests = \"1000/d\"\nspend = \"$0.0005/365d\"",
+            "requests = \"1000/d\"\nspend = \"$100/365d\"",
+        )
+    ))
+    .await;
+    for i in 0..40 {
+        let answer = send(
+            running.addr,
+            CHAT,
+            &[],
+            Bytes::from(chat("gpt-4o", 10).to_string()),
+        )
+        .await;
+        assert_eq!(answer.status, 200, "call {i}: {}", answer.body_str());
+    }
+    let served_east = east.stats.ok.load(Ordering::Relaxed);
+    assert_eq!(served_east + west.stats.ok.load(Ordering::Relaxed), 40);
+    assert!((1..=4).contains(&served_east), "east served {served_east}");
+    let east_left = budget_left(&running, &format!("budget:upstream:{name}-east")).await;
+    assert!(east_left >= 0.0, "east's budget went to {east_left}");
+    let west_left = budget_left(&running, &format!("budget:upstream:{name}-west")).await;
+    assert!(west_left < 100_000_000.0, "west paid for what it served");
+
+    // East answers 500 to everything: its budget keeps nothing of the attempts.
+    let failing = Scripted::start(|_, _| {
+        json_response(
+            500,
+            &[],
+            &json!({"error": {"message": "The server had an error", "type": "server_error", "param": null, "code": null}}),
+        )
+    })
+    .await;
+    let west = crate::org::roomy().await;
+    let name = fresh("pool-500-");
+    let running = proxy(&format!(
+        "admin_listen = \"127.0.0.1:0\"\n{}",
+        crate::org::pool_config(
+            &name,
+            &failing.url(),
+            &format!("http://{}", west.addr),
+            "requests = \"1000/d\"\nspend = \"$1/365d\"",
+            "requests = \"1000/d\"",
+        )
+    ))
+    .await;
+    for i in 0..20 {
+        let answer = send(
+            running.addr,
+            CHAT,
+            &[],
+            Bytes::from(chat("gpt-4o", 10).to_string()),
+        )
+        .await;
+        assert_eq!(answer.status, 200, "call {i}: {}", answer.body_str());
+    }
+    assert_eq!(west.stats.ok.load(Ordering::Relaxed), 20);
+    assert_eq!(
+        failing.count.load(Ordering::SeqCst),
+        3,
+        "ejected after three"
+    );
+    let mut left = 0.0;
+    for _ in 0..50 {
+        left = budget_left(&running, &format!("budget:upstream:{name}-east")).await;
+        if left >= 1_000_000.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        (1_000_000.0..1_000_000.5).contains(&left),
+        "east holds {left}"
+    );
+}

@@ -624,11 +624,11 @@ async fn a_429_moves(pause: Duration, code: &'static str) {
     )
     .await;
     if code == "insufficient_quota" {
-        // Not paused: east is tried first by every call after the second (the turn moves on
-        // with each move, and comes back to east), and refuses each.
-        assert_eq!(east.count.load(Ordering::SeqCst), 5);
+        // A spent quota ejects east at once (issue 31): no call after the second tries it (it
+        // had been tried first by every call after the second, refusing each).
+        assert_eq!(east.count.load(Ordering::SeqCst), 2);
         assert_eq!(west.stats.ok.load(Ordering::Relaxed), 5);
-        assert_eq!(moves, Some(4.0));
+        assert_eq!(moves, Some(1.0));
     } else {
         assert_eq!(east.count.load(Ordering::SeqCst), 2);
         assert_eq!(west.stats.ok.load(Ordering::Relaxed), 5);
@@ -656,7 +656,8 @@ async fn a_members_spent_quota_moves_the_call_too() {
 }
 
 /// A member that is down (a closed port) or answers 500 before its first byte: each call is
-/// moved to the other member and answered from there.
+/// moved to the other member and answered from there; after three failures in a row the
+/// member is ejected, and the fourth call goes straight to the other.
 #[tokio::test]
 async fn a_member_down_or_failing_moves_the_call_to_another_member() {
     let closed = {
@@ -698,18 +699,18 @@ async fn a_member_down_or_failing_moves_the_call_to_another_member() {
         }
         assert_eq!(west.stats.ok.load(Ordering::Relaxed), 4, "{what}");
         // Each call tries east first (the turn moves on with the move, so the next call's
-        // turn comes back to east) and is moved.
+        // turn comes back to east) and is moved, until east is ejected.
         assert_eq!(
             series(
                 proxy.addr,
                 &format!(r#"tollgate_proxy_pool_moves_total{{upstream="{name}-east"}}"#)
             )
             .await,
-            Some(4.0),
+            Some(3.0),
             "{what}"
         );
     }
-    assert_eq!(failing.count.load(Ordering::SeqCst), 4);
+    assert_eq!(failing.count.load(Ordering::SeqCst), 3);
 }
 
 // ---------------------------------------------------------------------------------------------
