@@ -41,6 +41,7 @@ mod forward;
 mod health;
 mod keys;
 mod metrics;
+mod owners;
 mod proxy;
 mod relay;
 mod route;

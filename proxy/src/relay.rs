@@ -28,6 +28,18 @@ pub struct Relay {
     held: Option<Box<dyn Send + Sync>>,
     /// Takes the organisation's secrets out of what the client reads.
     scrub: Option<Scrubber>,
+    /// Records the owner of the objects the answer creates, before the client reads their ids.
+    catch: Option<Catch>,
+}
+
+/// What a [`Relay`] needs to record the owner of the ids an answer carries.
+struct Catch {
+    catcher: crate::owners::IdCatcher,
+    owners: Arc<crate::owners::Owners>,
+    tenant: String,
+    /// The recording under way (Sync for bodies that must be), and the frame it holds back.
+    recording: std::sync::Mutex<Option<Pin<Box<dyn std::future::Future<Output = ()> + Send>>>>,
+    held: Option<Frame<Bytes>>,
 }
 
 enum Inner {
@@ -50,6 +62,7 @@ impl Relay {
             inner: Inner::Full(Some(bytes)),
             held: None,
             scrub: None,
+            catch: None,
         }
     }
 
@@ -60,6 +73,7 @@ impl Relay {
             inner: Inner::Plain(Watched::new(Gapped::new(body, gap, stalled), unread)),
             held: None,
             scrub: None,
+            catch: None,
         }
     }
 
@@ -79,6 +93,7 @@ impl Relay {
             },
             held: None,
             scrub: None,
+            catch: None,
         }
     }
 
@@ -93,6 +108,19 @@ impl Relay {
         if !secrets.is_empty() {
             self.scrub = Some(Scrubber::new(Arc::clone(secrets)));
         }
+        self
+    }
+
+    /// Records `tenant` as the owner of the objects whose ids this answer carries (read from
+    /// its start), each before the frame that shows it goes to the client.
+    pub(crate) fn catching(mut self, owners: Arc<crate::owners::Owners>, tenant: String) -> Relay {
+        self.catch = Some(Catch {
+            catcher: crate::owners::IdCatcher::default(),
+            owners,
+            tenant,
+            recording: std::sync::Mutex::new(None),
+            held: None,
+        });
         self
     }
 
@@ -120,6 +148,76 @@ impl Body for Relay {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
+        let Some(catch) = this.catch.as_mut() else {
+            return this.poll_scrubbed(cx);
+        };
+        let recording = catch
+            .recording
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(future) = recording.as_mut() {
+            match future.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    *recording = None;
+                    if let Some(frame) = catch.held.take() {
+                        return Poll::Ready(Some(Ok(frame)));
+                    }
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        let polled = this.poll_scrubbed(cx);
+        let (Some(catch), Poll::Ready(Some(Ok(frame)))) = (this.catch.as_mut(), &polled) else {
+            return polled;
+        };
+        let Some(data) = frame.data_ref() else {
+            return polled;
+        };
+        let ids = catch.catcher.feed(data);
+        if ids.is_empty() {
+            return polled;
+        }
+        let (owners, tenant) = (Arc::clone(&catch.owners), catch.tenant.clone());
+        let mut future: Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
+            Box::pin(async move {
+                for id in ids {
+                    owners.record(&id, &tenant).await;
+                }
+            });
+        let Poll::Ready(Some(Ok(frame))) = polled else {
+            return polled;
+        };
+        match future.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Some(Ok(frame))),
+            Poll::Pending => {
+                catch.held = Some(frame);
+                *catch
+                    .recording
+                    .get_mut()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(future);
+                Poll::Pending
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        if self.catch.as_ref().is_some_and(|c| c.held.is_some()) {
+            return false;
+        }
+        self.scrubbed_end()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner_size_hint()
+    }
+}
+
+impl Relay {
+    fn poll_scrubbed(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self;
         if this.scrub.is_none() {
             return this.poll_inner(cx);
         }
@@ -152,7 +250,7 @@ impl Body for Relay {
         }
     }
 
-    fn is_end_stream(&self) -> bool {
+    fn scrubbed_end(&self) -> bool {
         if self.scrub.as_ref().is_some_and(|s| !s.pending.is_empty()) {
             return false;
         }
@@ -163,7 +261,7 @@ impl Body for Relay {
         }
     }
 
-    fn size_hint(&self) -> SizeHint {
+    fn inner_size_hint(&self) -> SizeHint {
         match &self.inner {
             Inner::Full(Some(bytes)) => SizeHint::with_exact(bytes.len() as u64),
             Inner::Full(None) => SizeHint::with_exact(0),

@@ -90,6 +90,8 @@ pub(crate) struct Shared {
     pub(crate) lasting: Arc<Lasting>,
     /// The organisation's secrets, masked in everything a client reads.
     pub(crate) secrets: Arc<crate::relay::Secrets>,
+    /// Who owns each stored object.
+    pub(crate) owners: Arc<crate::owners::Owners>,
     /// Which configuration this is (0: the first), in [`Lasting::history`].
     generation: usize,
     /// The keys whose levels were carried over into this configuration already.
@@ -112,6 +114,8 @@ pub(crate) struct Lasting {
     drain_started: Arc<tokio::sync::Notify>,
     metrics: Metrics,
     proxy_metrics: ProxyMetrics,
+    /// Who owns each stored object (`owners.rs`).
+    owners: Arc<crate::owners::Owners>,
     /// The configuration the process started with: a key whose limits differ from what they
     /// were in it is stored as `{key}@{limits}` (a store keeps one set of limits per key).
     base: Config,
@@ -121,7 +125,11 @@ pub(crate) struct Lasting {
 
 impl Lasting {
     /// From the configuration the process starts with, over `store`.
-    pub(crate) fn new(config: &Config, store: tollgate::store::AnyStore) -> Lasting {
+    pub(crate) fn new(
+        config: &Config,
+        store: tollgate::store::AnyStore,
+        records: Option<tollgate::store::redis::RedisStore>,
+    ) -> Lasting {
         // The recorder first: the counters made below must be its.
         let metrics = Metrics::new();
         let proxy_metrics = ProxyMetrics::new();
@@ -161,6 +169,10 @@ impl Lasting {
             drain_started: Arc::new(tokio::sync::Notify::new()),
             metrics,
             proxy_metrics,
+            owners: Arc::new(match records {
+                Some(redis) => crate::owners::Owners::Redis(redis),
+                None => crate::owners::Owners::Memory(std::sync::Mutex::default()),
+            }),
             base: config.clone(),
             history: Mutex::new(vec![config.clone()]),
         }
@@ -573,6 +585,7 @@ impl Shared {
             next_member: std::sync::atomic::AtomicUsize::new(0),
             lasting: Arc::clone(lasting),
             secrets: Arc::new(secrets),
+            owners: Arc::clone(&lasting.owners),
             generation,
             carried: Mutex::new(HashSet::new()),
         })

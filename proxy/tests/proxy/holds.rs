@@ -622,3 +622,223 @@ async fn each_member_of_a_pool_pays_its_own_budget_and_a_spent_or_failing_one_is
         "east holds {left}"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Stored objects belong to the tenant that created them.
+
+/// A stand-in for stored objects: a response created by POST /v1/responses (an id per call,
+/// streamed when asked), a file by POST /v1/files; reads, deletes and lists answer 200.
+fn storing(n: u64, seen: &Seen) -> http::Response<http_body_util::Full<Bytes>> {
+    let path = seen.path.split('?').next().unwrap_or("").to_owned();
+    let body: serde_json::Value = serde_json::from_slice(&seen.body).unwrap_or_default();
+    match path.as_str() {
+        "/v1/responses" if body["stream"] == json!(true) => {
+            let created = json!({"type": "response.created", "response": {"id": format!("resp_{n}"), "object": "response", "status": "in_progress"}});
+            let done = json!({"type": "response.completed", "response": {"id": format!("resp_{n}"), "object": "response", "status": "completed", "usage": {"input_tokens": 5, "output_tokens": 2, "total_tokens": 7}}});
+            http::Response::builder()
+                .status(200)
+                .header("content-type", "text/event-stream")
+                .body(http_body_util::Full::new(Bytes::from(format!(
+                    "event: response.created\ndata: {created}\n\nevent: response.completed\ndata: {done}\n\n"
+                ))))
+                .unwrap()
+        }
+        "/v1/responses" => json_response(
+            200,
+            &[],
+            &json!({"id": format!("resp_{n}"), "object": "response", "status": "completed",
+                "output": [{"type": "message", "id": "msg_1", "content": [{"type": "output_text", "text": "private answer"}]}],
+                "usage": {"input_tokens": 5, "output_tokens": 2, "total_tokens": 7}}),
+        ),
+        "/v1/files" if seen.headers.contains_key("content-type") && !seen.body.is_empty() => {
+            json_response(
+                200,
+                &[],
+                &json!({"id": format!("file-{n}"), "object": "file"}),
+            )
+        }
+        _ => json_response(
+            200,
+            &[],
+            &json!({"id": path, "object": "thing", "data": []}),
+        ),
+    }
+}
+
+/// Sends `method` to `path` as `key`'s tenant, with `body` (empty: none).
+async fn as_tenant(
+    addr: std::net::SocketAddr,
+    key: &str,
+    method: http::Method,
+    path: &str,
+    body: &serde_json::Value,
+) -> Answer {
+    use http_body_util::BodyExt;
+    let mut request = http::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"))
+        .header("authorization", format!("Bearer {key}"));
+    let bytes = if body.is_null() {
+        Bytes::new()
+    } else {
+        request = request.header("content-type", "application/json");
+        Bytes::from(body.to_string())
+    };
+    let response = client()
+        .request(request.body(http_body_util::Full::new(bytes)).unwrap())
+        .await
+        .unwrap();
+    let (head, body) = response.into_parts();
+    Answer {
+        status: head.status,
+        headers: head.headers,
+        body: body.collect().await.unwrap().to_bytes(),
+    }
+}
+
+fn owners_config(name: &str, var: &str, url: &str, redis: Option<&str>) -> String {
+    let redis = redis.map_or_else(String::new, |r| format!("redis = \"{r}\""));
+    format!(
+        r#"
+        {redis}
+        other_paths = "pass"
+        [tenants]
+        virtual_keys = {{ "vk-alice-0001" = "alice", "vk-bob-00002" = "bob" }}
+        virtual_key_paths = "any"
+        [[upstream]]
+        name = "{name}"
+        url = "{url}"
+        profile = "openai"
+        requests = "1000/d"
+        api_key_env = "{var}"
+        "#
+    )
+}
+
+const ALICE: &str = "vk-alice-0001";
+const BOB: &str = "vk-bob-00002";
+
+/// Bob can't read, delete or continue Alice's stored response, nor read her file, nor list the
+/// organisation's objects (each had answered 200 with her data); Alice can, and so can a
+/// response created in a stream. The provider's 404 shape.
+#[tokio::test]
+async fn a_tenant_reaches_only_the_stored_objects_it_created() {
+    use http::Method;
+    let upstream = Scripted::start(storing).await;
+    let name = fresh("owners-");
+    let var = format!("TOLLGATE_TEST_{}", name.replace('-', "_").to_uppercase());
+    real_key(&var);
+    let running = proxy(&owners_config(&name, &var, &upstream.url(), None)).await;
+    let addr = running.addr;
+    let ask = json!({"model": "gpt-4o", "input": "my secret plan", "max_output_tokens": 20});
+    let created = as_tenant(addr, ALICE, Method::POST, "/v1/responses", &ask).await;
+    assert_eq!(created.status, 200, "{}", created.body_str());
+    let id = created.json()["id"].as_str().unwrap().to_owned();
+    let mut streamed = ask.clone();
+    streamed["stream"] = json!(true);
+    let stream = as_tenant(addr, ALICE, Method::POST, "/v1/responses", &streamed).await;
+    assert_eq!(stream.status, 200);
+    let stream_id = format!("resp_{}", 1);
+    assert!(stream.body_str().contains(&stream_id));
+    let file = as_tenant(
+        addr,
+        ALICE,
+        Method::POST,
+        "/v1/files",
+        &json!({"purpose": "user_data"}),
+    )
+    .await;
+    assert_eq!(file.status, 200, "{}", file.body_str());
+    let file_id = file.json()["id"].as_str().unwrap().to_owned();
+    let seen_before = upstream.count.load(Ordering::SeqCst);
+
+    let continued = json!({"model": "gpt-4o", "input": "and?", "previous_response_id": id, "max_output_tokens": 20});
+    let with_file = json!({"model": "gpt-4o", "max_output_tokens": 20,
+        "input": [{"role": "user", "content": [{"type": "input_file", "file_id": file_id}]}]});
+    for (method, path, body) in [
+        (Method::GET, format!("/v1/responses/{id}"), json!(null)),
+        (
+            Method::GET,
+            format!("/v1/responses/{stream_id}"),
+            json!(null),
+        ),
+        (
+            Method::GET,
+            format!("/v1/responses/{id}/input_items"),
+            json!(null),
+        ),
+        (Method::DELETE, format!("/v1/responses/{id}"), json!(null)),
+        (Method::POST, "/v1/responses".to_owned(), continued.clone()),
+        (Method::POST, "/v1/responses".to_owned(), with_file.clone()),
+        (
+            Method::GET,
+            format!("/v1/files/{file_id}/content"),
+            json!(null),
+        ),
+    ] {
+        let answer = as_tenant(addr, BOB, method.clone(), &path, &body).await;
+        assert_eq!(answer.status, 404, "{method} {path}: {}", answer.body_str());
+        assert_eq!(answer.json()["error"]["type"], "invalid_request_error");
+        assert!(!answer.body_str().contains("private answer"));
+    }
+    for path in [
+        "/v1/files",
+        "/v1/chat/completions",
+        "/v1/batches",
+        "/v1/assistants",
+        "/v1/vector_stores",
+        "/v1/responses",
+    ] {
+        let answer = as_tenant(addr, BOB, Method::GET, path, &json!(null)).await;
+        assert_eq!(answer.status, 403, "{path}: {}", answer.body_str());
+    }
+    assert_eq!(
+        upstream.count.load(Ordering::SeqCst),
+        seen_before,
+        "Bob reached nothing"
+    );
+    // Alice reaches every one of them.
+    for (method, path, body) in [
+        (Method::GET, format!("/v1/responses/{id}"), json!(null)),
+        (
+            Method::GET,
+            format!("/v1/responses/{stream_id}"),
+            json!(null),
+        ),
+        (Method::POST, "/v1/responses".to_owned(), continued),
+        (Method::POST, "/v1/responses".to_owned(), with_file),
+        (
+            Method::GET,
+            format!("/v1/files/{file_id}/content"),
+            json!(null),
+        ),
+        (Method::DELETE, format!("/v1/responses/{id}"), json!(null)),
+    ] {
+        let answer = as_tenant(addr, ALICE, method.clone(), &path, &body).await;
+        assert_eq!(answer.status, 200, "{method} {path}: {}", answer.body_str());
+    }
+}
+
+/// On Redis, a fleet shares who owns what: a response Alice created through one proxy is hers
+/// through the other, and Bob's through neither.
+#[tokio::test]
+async fn a_fleet_on_redis_shares_who_owns_each_stored_object() {
+    use http::Method;
+    let Some(redis) = tollgate_testkit::redis::RedisServer::start() else {
+        return;
+    };
+    let upstream = Scripted::start(storing).await;
+    let name = fresh("owners-fleet-");
+    let var = format!("TOLLGATE_TEST_{}", name.replace('-', "_").to_uppercase());
+    real_key(&var);
+    let config = owners_config(&name, &var, &upstream.url(), Some(&redis.url()));
+    let (a, b) = (proxy(&config).await, proxy(&config).await);
+    let ask = json!({"model": "gpt-4o", "input": "hi", "max_output_tokens": 20});
+    let created = as_tenant(a.addr, ALICE, Method::POST, "/v1/responses", &ask).await;
+    assert_eq!(created.status, 200, "{}", created.body_str());
+    let path = format!("/v1/responses/{}", created.json()["id"].as_str().unwrap());
+    let bob = as_tenant(b.addr, BOB, Method::GET, &path, &json!(null)).await;
+    assert_eq!(bob.status, 404, "{}", bob.body_str());
+    let alice = as_tenant(b.addr, ALICE, Method::GET, &path, &json!(null)).await;
+    assert_eq!(alice.status, 200, "{}", alice.body_str());
+}
