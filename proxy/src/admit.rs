@@ -236,6 +236,11 @@ pub(crate) struct TenantView {
 pub(crate) struct Prepared {
     pub(crate) attempts: Attempts,
     pub(crate) tenant_view: Option<TenantView>,
+    /// The call brings inputs the proxy can't see: its tenant and model, whose ceiling its
+    /// bill teaches (`hidden.rs`).
+    pub(crate) hidden: Option<(String, String)>,
+    /// Its turn, while such calls go one at a time: held until it settles.
+    pub(crate) alone: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 /// The budgets a call spends from: its tenant's, its tier's shared one, its upstream's. Each
@@ -310,9 +315,55 @@ pub(crate) async fn prepare(
     body: &Bytes,
 ) -> Result<Prepared, Refusal> {
     let gate = &upstream.gate;
-    let estimated = gate
+    let mut estimated = gate
         .read(parts, body)
         .map_err(|err| refusal(shared, upstream, &err, None))?;
+    // Inputs the proxy can't see, under a budget: reserved at what such calls were billed
+    // before, or, until one has settled, one call at a time.
+    let pooled_budgets = shared
+        .config
+        .pool_of(&upstream.name, estimated.model())
+        .is_some_and(|pool| {
+            pool.members.iter().any(|m| {
+                shared
+                    .upstream_named(m)
+                    .is_some_and(|u| !u.config.spend.is_empty())
+            })
+        });
+    let mut hidden = None;
+    let mut alone = None;
+    if pooled_budgets || !budgets(shared, upstream, tenant).is_empty() {
+        let read = estimated.body().map_or(&body[..], |b| &b[..]);
+        let value: serde_json::Value = serde_json::from_slice(read).unwrap_or_default();
+        if crate::hidden::unmeasured(&value) {
+            let who = tenant.map_or("-", |t| t.name.as_str()).to_owned();
+            let model = estimated.model().unwrap_or("-").to_owned();
+            let (most, turn) = shared.hidden.ceiling(&who, &model);
+            match most {
+                Some(most) => {
+                    let unseen = most.saturating_sub(estimated.input_tokens());
+                    estimated = estimated.with_unseen_input(unseen);
+                }
+                None => {
+                    let deadline = gate
+                        .deadline()
+                        .unwrap_or_else(|| Instant::now() + Duration::from_secs(3_600));
+                    match tokio::time::timeout_at(deadline, turn.acquire_owned()).await {
+                        Ok(Ok(permit)) => alone = Some(permit),
+                        _ => {
+                            upstream.metrics.local_429s.increment(1);
+                            return Err(Refusal {
+                                kind: ErrorKind::RateLimited(None),
+                                message: "tollgate-proxy: this call brings input the proxy can't see (a previous response, a file by reference, a server-side tool), and such calls of this tenant and model go one at a time until one has been billed; another is still in flight".to_owned(),
+                                retry_after: Some(Duration::from_secs(1)),
+                            });
+                        }
+                    }
+                }
+            }
+            hidden = Some((who, model));
+        }
+    }
     if upstream.config.unknown_models == UnknownModels::Refuse {
         let named = match upstream.family {
             Family::Azure => model_of(Family::Azure, parts, &serde_json::Value::Null),
@@ -390,6 +441,8 @@ pub(crate) async fn prepare(
     Ok(Prepared {
         attempts,
         tenant_view,
+        hidden,
+        alone,
     })
 }
 

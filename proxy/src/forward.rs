@@ -491,6 +491,8 @@ pub(crate) async fn metered(
     let Prepared {
         mut attempts,
         tenant_view,
+        hidden,
+        alone,
     } = prepared;
     let family = upstream.family;
     let deadline = attempts.deadline();
@@ -554,7 +556,23 @@ pub(crate) async fn metered(
             .filter(|u| !u.config.spend.is_empty())
             .map(|u| u.name.clone())
             .collect();
+        let learned = Arc::clone(&shared.hidden);
         attempts.on_settled(Box::new(move |settlement: &Settlement| {
+            // A call with inputs the proxy can't see teaches what such calls are billed (an
+            // error's usage, the estimate, teaches nothing); its turn ends with it.
+            let status = line.lock().unwrap_or_else(PoisonError::into_inner).status;
+            if let (Some((tenant, model)), Some(_)) = (&hidden, settlement.usage)
+                && (200..400).contains(&status)
+            {
+                let reported = settlement.reported;
+                let input = reported
+                    .input
+                    .unwrap_or(0)
+                    .saturating_add(reported.cache_read.unwrap_or(0))
+                    .saturating_add(reported.cache_write.unwrap_or(0));
+                learned.learned(tenant, model, input);
+            }
+            drop(alone);
             if let Some(usage) = settlement.usage {
                 settled.increment(usage.tokens.unwrap_or(0) + usage.output_tokens.unwrap_or(0));
             }

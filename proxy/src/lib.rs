@@ -39,6 +39,7 @@ mod answer;
 pub mod config;
 mod forward;
 mod health;
+mod hidden;
 mod keys;
 mod metrics;
 mod owners;

@@ -92,6 +92,8 @@ pub(crate) struct Shared {
     pub(crate) secrets: Arc<crate::relay::Secrets>,
     /// Who owns each stored object.
     pub(crate) owners: Arc<crate::owners::Owners>,
+    /// What calls with inputs the proxy can't see were billed.
+    pub(crate) hidden: Arc<crate::hidden::Hidden>,
     /// Which configuration this is (0: the first), in [`Lasting::history`].
     generation: usize,
     /// The keys whose levels were carried over into this configuration already.
@@ -116,6 +118,8 @@ pub(crate) struct Lasting {
     proxy_metrics: ProxyMetrics,
     /// Who owns each stored object (`owners.rs`).
     owners: Arc<crate::owners::Owners>,
+    /// What calls with inputs the proxy can't see were billed (`hidden.rs`).
+    hidden: Arc<crate::hidden::Hidden>,
     /// The configuration the process started with: a key whose limits differ from what they
     /// were in it is stored as `{key}@{limits}` (a store keeps one set of limits per key).
     base: Config,
@@ -169,6 +173,7 @@ impl Lasting {
             drain_started: Arc::new(tokio::sync::Notify::new()),
             metrics,
             proxy_metrics,
+            hidden: Arc::default(),
             owners: Arc::new(match records {
                 Some(redis) => crate::owners::Owners::Redis(redis),
                 None => crate::owners::Owners::Memory(std::sync::Mutex::default()),
@@ -586,6 +591,7 @@ impl Shared {
             lasting: Arc::clone(lasting),
             secrets: Arc::new(secrets),
             owners: Arc::clone(&lasting.owners),
+            hidden: Arc::clone(&lasting.hidden),
             generation,
             carried: Mutex::new(HashSet::new()),
         })

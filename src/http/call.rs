@@ -42,6 +42,8 @@ pub struct Call {
     model: Option<String>,
     /// Its model's price, for spend budgets.
     price: Option<super::models::Price>,
+    /// Its server-side tools' fees, in micro-dollars: charged as reserved.
+    fees: u64,
     /// The body to send in place of the caller's, when the gate changed it.
     send: Option<Bytes>,
     usage_added: bool,
@@ -128,6 +130,7 @@ impl Call {
             model_most: estimated.model_most,
             model: estimated.model.clone(),
             price: estimated.price,
+            fees: estimated.fees,
             send: estimated.send.clone(),
             usage_added: estimated.usage_added,
             extras: Vec::new(),
@@ -546,6 +549,7 @@ impl Call {
             && let Some(price) = self.price.as_mut()
         {
             *price = super::models::Price::default();
+            self.fees = 0;
         }
         // An input count that is missing or can't be read (`null`, `1e30`, `NaN`) is the
         // estimate, never nothing (unless a total stands for it).
@@ -579,7 +583,10 @@ impl Call {
             }
         }
         let cut = self.cut;
-        let spend = self.price.map(|price| price.billed(&reported));
+        let fees = self.fees;
+        let spend = self
+            .price
+            .map(|price| price.billed(&reported).saturating_add(fees));
         self.tell(Settlement {
             charged,
             usage: usage_settled,
@@ -611,9 +618,11 @@ impl Call {
         if seen <= self.reserved_charged() {
             // Dropped after sending: every window keeps what it was charged.
             let charged = self.cost();
-            let spend = self
-                .price
-                .map(|price| price.estimate(self.input, self.most_output.max(seen)));
+            let spend = self.price.map(|price| {
+                price
+                    .estimate(self.input, self.most_output.max(seen))
+                    .saturating_add(self.fees)
+            });
             self.tell(Settlement {
                 charged,
                 reported,
@@ -691,7 +700,7 @@ impl Call {
         if !limits.spend().is_empty()
             && let Some(price) = self.price
         {
-            usage = usage.with_spend(price.billed(reported));
+            usage = usage.with_spend(price.billed(reported).saturating_add(self.fees));
         }
         (usage, clamped)
     }

@@ -842,3 +842,187 @@ async fn a_fleet_on_redis_shares_who_owns_each_stored_object() {
     let alice = as_tenant(b.addr, ALICE, Method::GET, &path, &json!(null)).await;
     assert_eq!(alice.status, 200, "{}", alice.body_str());
 }
+
+// ---------------------------------------------------------------------------------------------
+// A budget's overrun is bounded by one call, whatever the proxy can't see.
+
+/// An upstream that answers each call after `delay` with `usage(body)` as its usage (so that
+/// a burst's calls are all in flight at once), counting the calls it answered.
+struct Slow {
+    addr: std::net::SocketAddr,
+    answered: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Slow {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Slow {
+    async fn start(delay: Duration, usage: fn(&serde_json::Value) -> serde_json::Value) -> Slow {
+        use http_body_util::BodyExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let answered = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let count = std::sync::Arc::clone(&answered);
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let count = std::sync::Arc::clone(&count);
+                let service = hyper::service::service_fn(
+                    move |request: http::Request<hyper::body::Incoming>| {
+                        let count = std::sync::Arc::clone(&count);
+                        async move {
+                            let body = request.into_body().collect().await.unwrap().to_bytes();
+                            let body: serde_json::Value =
+                                serde_json::from_slice(&body).unwrap_or_default();
+                            tokio::time::sleep(delay).await;
+                            count.fetch_add(1, Ordering::SeqCst);
+                            let answer = json!({"id": "resp_x", "object": "response",
+                                "status": "completed", "output": [], "usage": usage(&body)});
+                            Ok::<_, std::convert::Infallible>(json_response(200, &[], &answer))
+                        }
+                    },
+                );
+                tokio::spawn(async move {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Slow {
+            addr,
+            answered,
+            task,
+        }
+    }
+}
+
+/// 150 calls at once against a tenant's `$1/d`, each answered after 300 ms; answers the
+/// statuses' count of 200s.
+async fn burst(running: &tollgate_proxy::Running, path: &str, body: &serde_json::Value) -> u64 {
+    let calls: Vec<_> = (0..150)
+        .map(|_| {
+            let (addr, path, body) = (running.addr, path.to_owned(), body.clone());
+            tokio::spawn(async move {
+                send(
+                    addr,
+                    &path,
+                    &[("authorization", "Bearer vk-dave-00000")],
+                    Bytes::from(body.to_string()),
+                )
+                .await
+                .status
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    for call in calls {
+        let status = call.await.unwrap();
+        assert!(status == 200 || status == 429, "{status}");
+        ok += u64::from(status == 200);
+    }
+    ok
+}
+
+fn budget_config(name: &str, var: &str, url: &str) -> String {
+    format!(
+        r#"
+        admin_listen = "127.0.0.1:0"
+        [tiers.team]
+        spend = "$1/d"
+        [tenants]
+        default_tier = "team"
+        virtual_keys = {{ "vk-dave-00000" = "dave" }}
+        [[upstream]]
+        name = "{name}"
+        url = "{url}"
+        profile = "openai"
+        requests = "100000/d"
+        api_key_env = "{var}"
+        "#
+    )
+}
+
+/// What gpt-4o-mini bills for ten high-detail images of 2048 × 768 by OpenAI's published rule
+/// (2,833 a picture and 5,667 a tile, eight tiles each), beside a few tokens of text.
+const MINI_IMAGES: u64 = 10 * (2_833 + 8 * 5_667);
+
+fn mini_usage(_: &serde_json::Value) -> serde_json::Value {
+    json!({"prompt_tokens": MINI_IMAGES + 20, "completion_tokens": 10, "total_tokens": MINI_IMAGES + 30})
+}
+
+/// 150 calls at once, each with ten high-detail images, on gpt-4o-mini under a `$1/d` budget:
+/// each reserves what OpenAI's rule for that model bills, so the burst stops at the budget
+/// (before: 14,468 tokens reserved a call, every call admitted, $10.84 spent).
+#[tokio::test]
+async fn gpt_4o_minis_images_are_reserved_at_its_own_rule_and_a_burst_stops_at_the_budget() {
+    let upstream = Slow::start(Duration::from_millis(300), mini_usage).await;
+    let name = fresh("images-");
+    let var = format!("TOLLGATE_TEST_{}", name.replace('-', "_").to_uppercase());
+    real_key(&var);
+    let running = proxy(&budget_config(
+        &name,
+        &var,
+        &format!("http://{}", upstream.addr),
+    ))
+    .await;
+    let image = json!({"type": "image_url", "image_url": {"url": "https://example.com/page.png", "detail": "high"}});
+    let mut content = vec![json!({"type": "text", "text": "Read these pages"})];
+    content.extend(std::iter::repeat_n(image, 10));
+    let body = json!({"model": "gpt-4o-mini", "max_tokens": 10,
+        "messages": [{"role": "user", "content": content}]});
+    let ok = burst(&running, CHAT, &body).await;
+    assert_eq!(upstream.answered.load(Ordering::SeqCst), ok);
+    // gpt-4o-mini: $0.15 a million in, $0.60 out.
+    let bill = ((MINI_IMAGES + 20) * 150_000 + 10 * 600_000).div_ceil(1_000_000);
+    let spent = ok * bill;
+    assert!(
+        spent <= 1_000_000 + bill,
+        "{ok} calls admitted: ${} spent of $1",
+        spent as f64 / 1e6
+    );
+    assert!(ok >= 1_000_000 / bill - 1, "{ok} calls admitted");
+}
+
+/// What a responses call with a file by URL and web search is billed: 60,000 tokens of input
+/// the request doesn't show.
+fn hidden_usage(_: &serde_json::Value) -> serde_json::Value {
+    json!({"input_tokens": 60_000, "output_tokens": 10, "total_tokens": 60_010})
+}
+
+/// 150 calls at once to `/v1/responses` with an `input_file` by `file_url` and `web_search`
+/// under a `$1/d` budget: the first goes alone, its bill teaches the ceiling, and the others
+/// are reserved at it (and at web search's fee), so the burst stops within one call of the
+/// budget (before: 39 tokens reserved a call, every call admitted, $22.51 spent).
+#[tokio::test]
+async fn inputs_the_proxy_cant_see_are_reserved_at_a_learned_ceiling_and_a_burst_stops_at_the_budget()
+ {
+    let upstream = Slow::start(Duration::from_millis(300), hidden_usage).await;
+    let name = fresh("hidden-");
+    let var = format!("TOLLGATE_TEST_{}", name.replace('-', "_").to_uppercase());
+    real_key(&var);
+    let running = proxy(&budget_config(
+        &name,
+        &var,
+        &format!("http://{}", upstream.addr),
+    ))
+    .await;
+    let body = json!({"model": "gpt-4o", "max_output_tokens": 10, "tools": [{"type": "web_search"}],
+        "input": [{"role": "user", "content": [
+            {"type": "input_file", "file_url": "https://example.com/report.pdf"},
+            {"type": "input_text", "text": "Summarise with sources"}]}]});
+    let ok = burst(&running, "/v1/responses", &body).await;
+    assert_eq!(upstream.answered.load(Ordering::SeqCst), ok);
+    // gpt-4o: $2.50 a million in, $10 out; the provider's fee: one search, $0.01.
+    let bill = (60_000 * 2_500_000 + 10 * 10_000_000u64).div_ceil(1_000_000) + 10_000;
+    let spent = ok * bill;
+    assert!(
+        spent <= 1_000_000 + bill,
+        "{ok} calls admitted: ${} spent of $1",
+        spent as f64 / 1e6
+    );
+    assert!(ok >= 2, "{ok} calls admitted");
+}
