@@ -199,6 +199,16 @@ fn spend_of(counts: &Counts, since: u64) -> Option<serde_json::Value> {
     })
 }
 
+/// A pause still in force on a key as the store has it (a fleet on Redis: any proxy may have
+/// heard the provider's 429), read within [`STORE_WAIT`].
+async fn stored_pause(shared: &Shared, key: &str) -> Option<serde_json::Value> {
+    let until = tokio::time::timeout(STORE_WAIT, shared.owners.pause_of(key))
+        .await
+        .ok()
+        .flatten()?;
+    (until > unix_ms()).then(|| serde_json::json!({"until": until}))
+}
+
 /// A pause still in force on a key.
 fn pause_of(counts: &Counts) -> Option<serde_json::Value> {
     (counts.paused_until > unix_ms()).then(|| serde_json::json!({"until": counts.paused_until}))
@@ -275,6 +285,11 @@ async fn view(shared: &Shared) -> View {
             let limiter = limiter_of(shared, upstream, &key, kind == "tenant");
             let snapshot = snapshot_of(limiter.as_ref(), &mut store_ok).await;
             let counted = counts.get(&key).copied().unwrap_or_default();
+            let pause = match pause_of(&counted) {
+                Some(pause) => Some(pause),
+                None if store_ok => stored_pause(shared, &key).await,
+                None => None,
+            };
             keys.push(KeyView {
                 limits: limiter.as_ref().map(|l| l.limits().to_string()),
                 windows: limiter
@@ -290,7 +305,7 @@ async fn view(shared: &Shared) -> View {
                 tenant,
                 tenants: None,
                 spend: spend_of(&counted, shared.live.started),
-                pause: pause_of(&counted),
+                pause,
             });
         }
         let (members, waiting) = shared.live.others_of(name);

@@ -137,8 +137,12 @@ pub struct ModelConfig {
     /// The most output a call may write (what a call without `max_tokens` reserves); `None`:
     /// the profile's figure.
     pub max_output: Option<u64>,
-    /// Its price per million tokens; `None`: the profile's figure.
+    /// Its price per million tokens; `None`: the profile's figure (of the model it serves,
+    /// when `model` names one).
     pub price: Option<Price>,
+    /// The model it serves, when its name is not a model's: an Azure deployment
+    /// (`prod-4o` serving `gpt-4o`) is priced, and its most output read, as that model.
+    pub model: Option<String>,
 }
 
 /// What a client may hold, and for how long. Every limit has a default.
@@ -471,6 +475,7 @@ struct ModelFile {
     aliases: Vec<String>,
     max_output: Option<u64>,
     price: Option<PriceFile>,
+    model: Option<String>,
 }
 
 /// Dollars per million tokens.
@@ -765,6 +770,37 @@ impl Config {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError(vec![format!("{}: {e}", path.display())]))?;
         Config::from_toml(&text)
+    }
+
+    /// What an operator should know of this configuration before it serves: paths that
+    /// spend at the provider and go out unmetered with the organisation's key (`other_paths =
+    /// "pass"` with `virtual_key_paths = "any"`: images, audio, batches, fine-tuning, ...).
+    /// Logged as warnings at start and at each reload.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.other_paths == OtherPaths::Pass
+            && !self.tenants.virtual_keys.is_empty()
+            && self.tenants.virtual_key_paths == KeyPaths::Any
+        {
+            let upstreams: Vec<&str> = self
+                .upstreams
+                .iter()
+                .filter(|u| u.api_key_env.is_some())
+                .map(|u| u.name.as_str())
+                .collect();
+            out.push(format!(
+                "other_paths = \"pass\" with virtual_key_paths = \"any\": paths the proxy doesn't meter (images, audio, batches, fine-tuning, realtime, ...) go out unmetered with the organisation's key (upstreams {}); every tenant with a virtual key can spend on them outside its windows and budgets",
+                upstreams.join(", ")
+            ));
+        } else if self.other_paths == OtherPaths::Pass
+            && self.tenants.virtual_keys.is_empty()
+            && self.upstreams.iter().any(|u| u.api_key_env.is_some())
+        {
+            out.push(
+                "other_paths = \"pass\": paths the proxy doesn't meter (images, audio, batches, fine-tuning, ...) go out unmetered, outside every window and budget".to_owned(),
+            );
+        }
+        out
     }
 
     /// The pool `upstream` is a member of, for a call of `model`.
@@ -1239,6 +1275,7 @@ fn models(file: Option<ModelsFile>, what: &str, problems: &mut Vec<String>) -> V
             aliases: f.aliases.clone(),
             max_output: f.max_output,
             price: f.price.as_ref().and_then(|p| price(p, &at, problems)),
+            model: f.model.clone(),
             name,
         });
     }

@@ -748,6 +748,9 @@ pub(crate) async fn metered(
                     upstream.metrics.upstream_429s_transient.increment(1);
                     if let Some(pause) = pause {
                         shared.live.paused(&key, pause);
+                        let until = crate::tally::unix_ms()
+                            .saturating_add(u64::try_from(pause.as_millis()).unwrap_or(u64::MAX));
+                        shared.owners.record_pause(&key, until, pause).await;
                     }
                     sending.failed.push(upstream.name.clone());
                 }
@@ -822,6 +825,9 @@ pub(crate) async fn metered(
                 upstream.metrics.upstream_429s_transient.increment(1);
                 shared.live.upstream_429(&key);
                 shared.live.paused(&key, delay);
+                let until = crate::tally::unix_ms()
+                    .saturating_add(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX));
+                shared.owners.record_pause(&key, until, delay).await;
                 if sending.members.is_empty() {
                     tokio::time::sleep(delay).await;
                 } else {

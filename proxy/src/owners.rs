@@ -94,6 +94,34 @@ impl Owners {
         }
     }
 
+    /// The provider paused `key` until `until_ms` (Unix ms) for `pause`: kept on Redis, so that
+    /// every proxy's live view shows it (in memory, the process's own counts show it).
+    pub(crate) async fn record_pause(&self, key: &str, until_ms: u64, pause: Duration) {
+        if let Owners::Redis(store) = self {
+            let key = key.split('@').next().unwrap_or(key);
+            if let Err(err) = store
+                .put_record(&format!("pause:{key}"), &until_ms.to_string(), pause)
+                .await
+            {
+                tracing::warn!(error = %err, "a pause could not be recorded for the live view");
+            }
+        }
+    }
+
+    /// Until when (Unix ms) `key` is paused, as a fleet's proxies recorded it on Redis (`None`
+    /// in memory, or none recorded).
+    pub(crate) async fn pause_of(&self, key: &str) -> Option<u64> {
+        match self {
+            Owners::Memory(_) => None,
+            Owners::Redis(store) => store
+                .get_record(&format!("pause:{key}"))
+                .await
+                .ok()
+                .flatten()
+                .and_then(|text| text.parse().ok()),
+        }
+    }
+
     /// Who owns `id` (`Err`: the store did not answer).
     pub(crate) async fn owner(&self, id: &str) -> Result<Option<String>, tollgate::Error> {
         match self {

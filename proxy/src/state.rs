@@ -429,12 +429,13 @@ fn with_models(upstream: &Upstream, profile: Profile) -> Profile {
     }
     let mut table: Vec<Model> = profile.model_table().to_vec();
     for m in &upstream.models {
-        let known = profile.model(&m.name).cloned();
+        let serves = m.model.as_deref().unwrap_or(&m.name);
+        let known = profile.model(serves).cloned();
         let max_output = m
             .max_output
             .or(known.as_ref().map(|k| k.max_output))
             .unwrap_or_else(|| profile.output_without_max_tokens(None));
-        let price = m.price.or_else(|| profile.price_of(&m.name));
+        let price = m.price.or_else(|| profile.price_of(serves));
         for name in std::iter::once(&m.name).chain(&m.aliases) {
             table.retain(|entry| entry.name != name.as_str());
             table.push(Model::new(name.clone(), max_output, price));
@@ -479,6 +480,9 @@ impl Shared {
         lasting: &Arc<Lasting>,
         generation: usize,
     ) -> Result<Shared, StartError> {
+        for warning in config.warnings() {
+            tracing::warn!("{warning}");
+        }
         let tenancy = Tenancy::new(&config.tenants);
         let registry = Arc::clone(&lasting.registry);
         let naming = Arc::new((lasting.base.clone(), config.clone()));

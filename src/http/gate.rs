@@ -589,9 +589,21 @@ impl Gate {
             .profile
             .output_without_max_tokens(model.as_deref())
             .saturating_mul(copies);
-        let price = model
-            .as_deref()
-            .and_then(|m| self.inner.profile.price_of(m));
+        // Azure bills a deployment at the model it serves, whatever the body's `model` says:
+        // priced by the deployment's name (a table entry the caller gives it), never the body's.
+        let deployment = (self.inner.profile.name == "azure-openai")
+            .then(|| {
+                let at = path.find("/openai/deployments/")?;
+                let rest = &path[at + "/openai/deployments/".len()..];
+                rest.split('/').next().filter(|name| !name.is_empty())
+            })
+            .flatten();
+        let price = match deployment {
+            Some(deployment) => self.inner.profile.price_of(deployment),
+            None => model
+                .as_deref()
+                .and_then(|m| self.inner.profile.price_of(m)),
+        };
         let fees = tool_fees(&self.inner.profile, &read.value);
         Ok(Estimated {
             key,

@@ -1026,3 +1026,140 @@ async fn inputs_the_proxy_cant_see_are_reserved_at_a_learned_ceiling_and_a_burst
     );
     assert!(ok >= 2, "{ok} calls admitted");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Round 4's leftovers.
+
+/// An Azure deployment is priced as the model it serves (`model = "gpt-4o"`), or at its own
+/// `price`, whatever the body's `model` says (a body naming gpt-4o-mini had been billed at
+/// mini's price on a gpt-4o deployment); a deployment with neither is unpriced under a budget.
+#[tokio::test]
+async fn an_azure_deployment_is_priced_as_what_it_serves_not_as_the_body_says() {
+    let upstream = Scripted::start(|_, _| json_response(200, &[], &chat_answer(1_000, 100))).await;
+    let name = fresh("azure-price-");
+    let running = proxy(&format!(
+        r#"
+        admin_listen = "127.0.0.1:0"
+        [[upstream]]
+        name = "{name}"
+        url = "{}"
+        profile = "azure-openai"
+        requests = "1000/d"
+        spend = "$1/365d"
+        [upstream.models."prod-4o"]
+        model = "gpt-4o"
+        [upstream.models."house"]
+        price = {{ input = 1.0, output = 2.0 }}
+        "#,
+        upstream.url()
+    ))
+    .await;
+    let path = |deployment: &str| {
+        format!("/openai/deployments/{deployment}/chat/completions?api-version=2024-10-21")
+    };
+    let key = format!("budget:upstream:{name}");
+    let mut left = 1_000_000u64;
+    for (deployment, price) in [
+        ("prod-4o", (2_500_000, 10_000_000)),
+        ("house", (1_000_000, 2_000_000)),
+    ] {
+        let answer = send(
+            running.addr,
+            &path(deployment),
+            &[("api-key", "client-key")],
+            Bytes::from(chat("gpt-4o-mini", 100).to_string()),
+        )
+        .await;
+        assert_eq!(answer.status, 200, "{}", answer.body_str());
+        left -= crate::org::billed(price, 1_000, 100);
+        crate::org::settled(&running, &key, left).await;
+    }
+    let unpriced = send(
+        running.addr,
+        &path("unlisted"),
+        &[("api-key", "client-key")],
+        Bytes::from(chat("gpt-4o", 100).to_string()),
+    )
+    .await;
+    assert_eq!(unpriced.status, 400, "{}", unpriced.body_str());
+}
+
+/// Unmetered spending paths that go out with the organisation's key are named at start
+/// (they went out without a word).
+#[test]
+fn unmetered_spending_paths_are_warned_of_at_start() {
+    let file = |extra: &str| {
+        format!(
+            r#"
+            {extra}
+            [tenants]
+            virtual_keys = {{ "vk-erin-00000" = "erin" }}
+            virtual_key_paths = "any"
+            [[upstream]]
+            name = "openai"
+            url = "http://127.0.0.1:9"
+            api_key_env = "PATH"
+            "#
+        )
+    };
+    let warned = tollgate_proxy::Config::from_toml(&file("other_paths = \"pass\""))
+        .unwrap()
+        .warnings();
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert!(warned[0].contains("unmetered with the organisation's key (upstreams openai)"));
+    assert_eq!(
+        tollgate_proxy::Config::from_toml(&file(""))
+            .unwrap()
+            .warnings(),
+        Vec::<String>::new()
+    );
+}
+
+/// The live view shows a pause its provider put on a key whichever proxy of a fleet heard it:
+/// read from the store (it was each process's own).
+#[tokio::test]
+async fn the_live_view_reads_a_pause_from_the_store() {
+    let Some(redis) = tollgate_testkit::redis::RedisServer::start() else {
+        return;
+    };
+    let east = Scripted::start(|n, _| {
+        if n == 0 {
+            json_response(200, &[], &chat_answer(5, 2))
+        } else {
+            json_response(
+                429,
+                &[("retry-after", "60")],
+                &json!({"error": {"message": "Rate limit reached", "type": "requests", "param": null, "code": "rate_limit_exceeded"}}),
+            )
+        }
+    })
+    .await;
+    let west = crate::org::roomy().await;
+    let name = fresh("paused-");
+    let limits = "requests = \"1000/d\"\ntimeout_seconds = 10";
+    let config = format!(
+        "admin_listen = \"127.0.0.1:0\"\nredis = \"{}\"\n{}",
+        redis.url(),
+        crate::org::pool_config(
+            &name,
+            &east.url(),
+            &format!("http://{}", west.addr),
+            limits,
+            limits
+        )
+    );
+    let (a, b) = (proxy(&config).await, proxy(&config).await);
+    let call = |addr| send(addr, CHAT, &[], Bytes::from(chat("gpt-4o", 10).to_string()));
+    // B's call goes to east (answered), A's is refused there with a pause and moved to west.
+    assert_eq!(call(b.addr).await.status, 200);
+    assert_eq!(call(a.addr).await.status, 200);
+    assert_eq!(east.count.load(Ordering::SeqCst), 2);
+    let view = crate::org::view(&b).await;
+    let entry = crate::org::entry(&view, &format!("{name}-east:gpt-4o"));
+    let until = entry["pause"]["until"].as_u64().expect("a pause");
+    let now = view["now"].as_u64().unwrap();
+    assert!(
+        (now + 55_000..=now + 60_000).contains(&until),
+        "{until} vs {now}"
+    );
+}
