@@ -77,6 +77,8 @@ pub(crate) fn upstream_head(
             parts.headers.remove(key_header);
         }
         parts.headers.insert(name.clone(), value.clone());
+        // Answers come back as written, so that an echo of the real key can be masked.
+        parts.headers.remove(header::ACCEPT_ENCODING);
         // The organisation or project a call is billed to is the organisation's to choose,
         // never a tenant's, unless the upstream's configuration lets the tenant choose.
         if !upstream.config.tenant_org_headers {

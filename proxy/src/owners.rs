@@ -178,8 +178,10 @@ pub(crate) fn touches(method: &http::Method, path: &str, body: &Value) -> Touche
                     touches.creates = true;
                 } else if !id.is_empty() {
                     touches.names.push(id.to_owned());
-                    // A message, a run, a file added under an object the tenant owns.
-                    touches.creates |= *method == http::Method::POST;
+                    // A message, a run, a file added under an object the tenant owns; and the
+                    // files the provider made for it (a batch's output), read from its answer.
+                    touches.creates |=
+                        *method == http::Method::POST || *method == http::Method::GET;
                 }
             } else {
                 continue;
@@ -193,6 +195,9 @@ pub(crate) fn touches(method: &http::Method, path: &str, body: &Value) -> Touche
     touches
 }
 
+/// Fields other than `..._id` that name a stored object, as an id or as `{"id": ...}`.
+const NAMING: [&str; 2] = ["conversation", "container"];
+
 /// The ids a body names in fields that name objects: `..._id` (a string) and `..._ids` (a list
 /// of strings), and `conversation`, when the value has an id's prefix.
 fn named_in(value: &Value, depth: usize, out: &mut Vec<String>) {
@@ -205,9 +210,19 @@ fn named_in(value: &Value, depth: usize, out: &mut Vec<String>) {
             for (key, value) in map {
                 match value {
                     Value::String(text)
-                        if (key.ends_with("_id") || key == "conversation") && is_id(text) =>
+                        if (key.ends_with("_id") || NAMING.contains(&key.as_str()))
+                            && is_id(text) =>
                     {
                         out.push(text.clone());
+                    }
+                    // `"conversation": {"id": "conv_..."}`: the object form names it too.
+                    Value::Object(inner) if NAMING.contains(&key.as_str()) => {
+                        if let Some(id) = inner.get("id").and_then(Value::as_str)
+                            && is_id(id)
+                        {
+                            out.push(id.to_owned());
+                        }
+                        named_in(value, depth + 1, out);
                     }
                     Value::Array(items) if key.ends_with("_ids") => {
                         out.extend(
@@ -254,7 +269,12 @@ impl IdCatcher {
         self.seen.extend_from_slice(data);
         let mut new = Vec::new();
         let text = String::from_utf8_lossy(&self.seen).into_owned();
-        for (field, own) in [("\"id\"", true), ("\"thread_id\"", false)] {
+        for (field, own) in [
+            ("\"id\"", true),
+            ("\"thread_id\"", false),
+            ("\"output_file_id\"", false),
+            ("\"error_file_id\"", false),
+        ] {
             if own && self.own {
                 continue;
             }
@@ -304,7 +324,8 @@ mod tests {
     fn a_call_names_the_objects_in_its_path_and_its_body() {
         let t = touches(&Method::GET, "/v1/responses/resp_abc", &Value::Null);
         assert_eq!(t.names, ["resp_abc"]);
-        assert!(!t.lists && !t.creates);
+        // What a stored object of the tenant's names (a batch's output file) becomes its own.
+        assert!(!t.lists && t.creates);
         let t = touches(
             &Method::GET,
             "/v1/responses/resp_abc/input_items?limit=5",
@@ -335,6 +356,12 @@ mod tests {
             touches(&Method::POST, "/v1/embeddings", &json!({"input": "resp_x"})),
             Touches::default()
         );
+        let t = touches(
+            &Method::POST,
+            "/v1/responses",
+            &json!({"model": "gpt-4o", "input": "x", "conversation": {"id": "conv_a"}}),
+        );
+        assert_eq!(t.names, ["conv_a"]);
     }
 
     #[test]
@@ -356,6 +383,15 @@ data: {"type":"x","item":{"id":"msg_9"}}
         assert_eq!(
             catcher.feed(br#"{"id": "run_1", "object": "thread.run", "thread_id": "thread_7"}"#),
             ["run_1", "thread_7"]
+        );
+        // A batch's files, made by the provider, are its owner's; a quoted field inside a
+        // string names nothing.
+        let mut catcher = IdCatcher::default();
+        assert_eq!(
+            catcher.feed(
+                br#"{"id": "batch_1", "output_file_id": "file-out", "note": "\"thread_id\": \"thread_x\""}"#
+            ),
+            ["batch_1", "file-out"]
         );
     }
 }
