@@ -234,9 +234,9 @@ async fn a_tenant_cannot_choose_the_organisation_or_project_billed() {
             "#,
             upstream.url(),
             if allowed {
-                { "tenant_org_headers = true" }
+                "tenant_org_headers = true"
             } else {
-                { "" }
+                ""
             }
         ))
         .await;
