@@ -250,7 +250,10 @@ fn named_in(value: &Value, depth: usize, out: &mut Vec<String>) {
 /// response's, even inside a stream's first event) and any `"thread_id"`.
 #[derive(Debug, Default)]
 pub(crate) struct IdCatcher {
-    seen: Vec<u8>,
+    /// The end of what was read before: enough to hold a field and its id split across frames.
+    tail: Vec<u8>,
+    /// How much was read.
+    scanned: usize,
     found: Vec<String>,
     /// The first `"id"` was found.
     own: bool,
@@ -259,6 +262,8 @@ pub(crate) struct IdCatcher {
 
 /// How much of an answer's start is read for its ids.
 const CATCH_MOST: usize = 64 << 10;
+/// How much of the last frame is read again with the next (a field name and a 256-byte id).
+const TAIL: usize = 512;
 
 impl IdCatcher {
     /// Reads `data`; answers the ids found in it not answered before.
@@ -266,9 +271,11 @@ impl IdCatcher {
         if self.done {
             return Vec::new();
         }
-        self.seen.extend_from_slice(data);
+        // Each byte is read about once: the frame, after the end of the one before it.
+        let mut window = std::mem::take(&mut self.tail);
+        window.extend_from_slice(data);
         let mut new = Vec::new();
-        let text = String::from_utf8_lossy(&self.seen).into_owned();
+        let text = String::from_utf8_lossy(&window).into_owned();
         for (field, own) in [
             ("\"id\"", true),
             ("\"thread_id\"", false),
@@ -306,9 +313,11 @@ impl IdCatcher {
                 }
             }
         }
-        if self.seen.len() >= CATCH_MOST {
+        self.scanned = self.scanned.saturating_add(data.len());
+        if self.scanned >= CATCH_MOST {
             self.done = true;
-            self.seen = Vec::new();
+        } else {
+            self.tail = window[window.len().saturating_sub(TAIL)..].to_vec();
         }
         new
     }
