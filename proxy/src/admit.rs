@@ -349,7 +349,16 @@ pub(crate) async fn prepare(
                         .deadline()
                         .unwrap_or_else(|| Instant::now() + Duration::from_secs(3_600));
                     match tokio::time::timeout_at(deadline, turn.acquire_owned()).await {
-                        Ok(Ok(permit)) => alone = Some(permit),
+                        // The call before it may have taught the ceiling while it waited:
+                        // then it goes at once, reserved at it.
+                        Ok(Ok(permit)) => match shared.hidden.ceiling(&who, &model).0 {
+                            Some(most) => {
+                                drop(permit);
+                                let unseen = most.saturating_sub(estimated.input_tokens());
+                                estimated = estimated.with_unseen_input(unseen);
+                            }
+                            None => alone = Some(permit),
+                        },
                         _ => {
                             upstream.metrics.local_429s.increment(1);
                             return Err(Refusal {

@@ -572,9 +572,14 @@ async fn each_member_of_a_pool_pays_its_own_budget_and_a_spent_or_failing_one_is
     }
     let served_east = east.stats.ok.load(Ordering::Relaxed);
     assert_eq!(served_east + west.stats.ok.load(Ordering::Relaxed), 40);
-    assert!((1..=4).contains(&served_east), "east served {served_east}");
+    assert!(served_east >= 1, "east served {served_east}");
+    // East served until its budget could pay no more (a call reserves about $0.00013), and
+    // never went past it.
     let east_left = budget_left(&running, &format!("budget:upstream:{name}-east")).await;
-    assert!(east_left >= 0.0, "east's budget went to {east_left}");
+    assert!(
+        (0.0..200.0).contains(&east_left),
+        "east's budget holds {east_left}"
+    );
     let west_left = budget_left(&running, &format!("budget:upstream:{name}-west")).await;
     assert!(west_left < 100_000_000.0, "west paid for what it served");
 
