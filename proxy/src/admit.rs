@@ -338,7 +338,12 @@ pub(crate) async fn prepare(
         if crate::hidden::unmeasured(&value) {
             let who = tenant.map_or("-", |t| t.name.as_str()).to_owned();
             let model = estimated.model().unwrap_or("-").to_owned();
-            let (most, turn) = shared.hidden.ceiling(&who, &model);
+            let (mut most, turn) = shared.hidden.ceiling(&who, &model);
+            if most.is_none()
+                && let Some(shared_most) = shared.owners.ceiling_of(&who, &model).await
+            {
+                most = Some(shared.hidden.learned(&who, &model, shared_most));
+            }
             match most {
                 Some(most) => {
                     let unseen = most.saturating_sub(estimated.input_tokens());

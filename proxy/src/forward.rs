@@ -559,6 +559,7 @@ pub(crate) async fn metered(
             .map(|u| u.name.clone())
             .collect();
         let learned = Arc::clone(&shared.hidden);
+        let records = Arc::clone(&shared.owners);
         attempts.on_settled(Box::new(move |settlement: &Settlement| {
             // A call with inputs the proxy can't see teaches what such calls are billed (an
             // error's usage, the estimate, teaches nothing); its turn ends with it.
@@ -572,7 +573,15 @@ pub(crate) async fn metered(
                     .unwrap_or(0)
                     .saturating_add(reported.cache_read.unwrap_or(0))
                     .saturating_add(reported.cache_write.unwrap_or(0));
-                learned.learned(tenant, model, input);
+                let most = learned.learned(tenant, model, input);
+                // The fleet learns it too (in a task: the settlement doesn't wait on Redis).
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    let (records, tenant, model) =
+                        (Arc::clone(&records), tenant.clone(), model.clone());
+                    runtime.spawn(async move {
+                        records.share_ceiling(&tenant, &model, most).await;
+                    });
+                }
             }
             drop(alone);
             if let Some(usage) = settlement.usage {

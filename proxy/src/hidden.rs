@@ -6,8 +6,9 @@
 //! billed); until one has settled, they go one at a time per tenant and model, so that a burst
 //! can take a budget past its end by one call's bill at most.
 //!
-//! What is learned is this process's own (a fleet's proxies each learn it, and each lets one
-//! call at a time through while it hasn't).
+//! On Redis, what one proxy of a fleet learns is shared with the others through the store (a
+//! proxy that finds a ceiling there needs no turn); while none has learned it, each proxy lets
+//! one call at a time through.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -49,12 +50,19 @@ impl Hidden {
         (entry.most, Arc::clone(&entry.alone))
     }
 
-    /// A call of `tenant` and `model` with unseen inputs was billed `input` tokens of input.
-    pub(crate) fn learned(&self, tenant: &str, model: &str, input: u64) {
+    /// A call of `tenant` and `model` with unseen inputs was billed `input` tokens of input:
+    /// answers the ceiling now.
+    pub(crate) fn learned(&self, tenant: &str, model: &str, input: u64) -> u64 {
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(entry) = entries.get_mut(&(tenant.to_owned(), model.to_owned())) {
-            entry.most = Some(entry.most.map_or(input, |most| most.max(input)));
-        }
+        let entry = entries
+            .entry((tenant.to_owned(), model.to_owned()))
+            .or_insert_with(|| Entry {
+                most: None,
+                alone: Arc::new(Semaphore::new(1)),
+            });
+        let most = entry.most.map_or(input, |most| most.max(input));
+        entry.most = Some(most);
+        most
     }
 }
 

@@ -122,6 +122,39 @@ impl Owners {
         }
     }
 
+    /// The most input a call with unseen inputs of `tenant` and `model` was billed, as any
+    /// proxy of a fleet learned it (`None` in memory: the process's own is all there is).
+    pub(crate) async fn ceiling_of(&self, tenant: &str, model: &str) -> Option<u64> {
+        match self {
+            Owners::Memory(_) => None,
+            Owners::Redis(store) => store
+                .get_record(&format!("ceiling:{tenant}:{model}"))
+                .await
+                .ok()
+                .flatten()
+                .and_then(|text| text.parse().ok()),
+        }
+    }
+
+    /// Shares a ceiling learned here with the fleet (the larger of this and what is there).
+    pub(crate) async fn share_ceiling(&self, tenant: &str, model: &str, most: u64) {
+        if let Owners::Redis(store) = self {
+            let name = format!("ceiling:{tenant}:{model}");
+            let there = store
+                .get_record(&name)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|text| text.parse::<u64>().ok())
+                .unwrap_or(0);
+            if most > there
+                && let Err(err) = store.put_record(&name, &most.to_string(), KEEP).await
+            {
+                tracing::warn!(error = %err, "a learned ceiling could not be shared");
+            }
+        }
+    }
+
     /// Who owns `id` (`Err`: the store did not answer).
     pub(crate) async fn owner(&self, id: &str) -> Result<Option<String>, tollgate::Error> {
         match self {

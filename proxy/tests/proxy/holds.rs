@@ -1198,3 +1198,47 @@ async fn the_live_view_reads_a_pause_from_the_store() {
         "{until} vs {now}"
     );
 }
+
+/// On Redis, a ceiling one proxy learned reserves the next such call through another: with
+/// $0.30 and a first call billed $0.16 (60,000 tokens and a search), the second, through the
+/// other proxy, reserves $0.20 at the ceiling and is refused, where it would have reserved
+/// 39 tokens and passed.
+#[tokio::test]
+async fn a_fleet_shares_what_calls_with_unseen_inputs_are_billed() {
+    let Some(redis) = tollgate_testkit::redis::RedisServer::start() else {
+        return;
+    };
+    let upstream = Slow::start(Duration::ZERO, hidden_usage).await;
+    let name = fresh("hidden-fleet-");
+    let var = format!("TOLLGATE_TEST_{}", name.replace('-', "_").to_uppercase());
+    real_key(&var);
+    let config = budget_config(&name, &var, &format!("http://{}", upstream.addr))
+        .replace("spend = \"$1/d\"", "spend = \"$0.30/d\"")
+        .replace(
+            "admin_listen = \"127.0.0.1:0\"",
+            &format!(
+                "admin_listen = \"127.0.0.1:0\"\nredis = \"{}\"",
+                redis.url()
+            ),
+        );
+    let (a, b) = (proxy(&config).await, proxy(&config).await);
+    let body = json!({"model": "gpt-4o", "max_output_tokens": 10, "tools": [{"type": "web_search", "max_uses": 1}],
+        "input": [{"role": "user", "content": [
+            {"type": "input_file", "file_url": "https://example.com/report.pdf"},
+            {"type": "input_text", "text": "Summarise with sources"}]}]});
+    let through = |addr| {
+        send(
+            addr,
+            "/v1/responses",
+            &[("authorization", "Bearer vk-dave-00000")],
+            Bytes::from(body.to_string()),
+        )
+    };
+    assert_eq!(through(a.addr).await.status, 200);
+    // The ceiling is shared in a task of its own as the call settles.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let refused = through(b.addr).await;
+    assert_eq!(refused.status, 429, "{}", refused.body_str());
+    assert_eq!(refused.json()["error"]["code"], "insufficient_quota");
+    assert_eq!(upstream.answered.load(Ordering::SeqCst), 1);
+}
