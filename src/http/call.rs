@@ -42,8 +42,9 @@ pub struct Call {
     model: Option<String>,
     /// Its model's price, for spend budgets.
     price: Option<super::models::Price>,
-    /// Its server-side tools' fees, in micro-dollars: charged as reserved.
+    /// Its server-side tools' fees, in micro-dollars, as reserved; and the dearest of one call.
     fees: u64,
+    fee_each: u64,
     /// The body to send in place of the caller's, when the gate changed it.
     send: Option<Bytes>,
     usage_added: bool,
@@ -131,6 +132,7 @@ impl Call {
             model: estimated.model.clone(),
             price: estimated.price,
             fees: estimated.fees,
+            fee_each: estimated.fee_each,
             send: estimated.send.clone(),
             usage_added: estimated.usage_added,
             extras: Vec::new(),
@@ -583,7 +585,7 @@ impl Call {
             }
         }
         let cut = self.cut;
-        let fees = self.fees;
+        let fees = self.fees_billed(&reported);
         let spend = self
             .price
             .map(|price| price.billed(&reported).saturating_add(fees));
@@ -700,9 +702,24 @@ impl Call {
         if !limits.spend().is_empty()
             && let Some(price) = self.price
         {
-            usage = usage.with_spend(price.billed(reported).saturating_add(self.fees));
+            usage = usage.with_spend(
+                price
+                    .billed(reported)
+                    .saturating_add(self.fees_billed(reported)),
+            );
         }
         (usage, clamped)
+    }
+}
+
+impl Call {
+    /// What its server-side tools cost: the calls the answer reports at the dearest fee of the
+    /// request's tools, or what was reserved when it reports none.
+    fn fees_billed(&self, reported: &Reported) -> u64 {
+        match reported.tool_calls {
+            Some(calls) if self.fees > 0 => self.fee_each.saturating_mul(calls),
+            _ => self.fees,
+        }
     }
 }
 

@@ -604,7 +604,7 @@ impl Gate {
                 .as_deref()
                 .and_then(|m| self.inner.profile.price_of(m)),
         };
-        let fees = tool_fees(&self.inner.profile, &read.value);
+        let (fees, fee_each) = tool_fees(&self.inner.profile, &read.value);
         Ok(Estimated {
             key,
             model,
@@ -618,6 +618,7 @@ impl Gate {
             price,
             unseen: 0,
             fees,
+            fee_each,
         })
     }
 
@@ -678,10 +679,12 @@ pub(crate) const TOOL_CALLS_UNBOUNDED: u64 = 5;
 
 /// The fees of the server-side tools a request declares, in micro-dollars: each priced tool's
 /// fee times the calls it may make (its `max_uses`, the request's `max_tool_calls`, else
-/// [`TOOL_CALLS_UNBOUNDED`]); a chat call's `web_search_options`, one search.
-fn tool_fees(profile: &super::Profile, value: &Value) -> u64 {
+/// [`TOOL_CALLS_UNBOUNDED`]); a chat call's `web_search_options`, one search. And the dearest
+/// fee of one call, what each call the answer reports is settled at.
+fn tool_fees(profile: &super::Profile, value: &Value) -> (u64, u64) {
     let bound = value.get("max_tool_calls").and_then(count_of);
     let mut fees: u64 = 0;
+    let mut each: u64 = 0;
     if let Some(tools) = value.get("tools").and_then(Value::as_array) {
         for tool in tools.iter().take(1_000) {
             let Some(kind) = tool.get("type").and_then(Value::as_str) else {
@@ -697,6 +700,7 @@ fn tool_fees(profile: &super::Profile, value: &Value) -> u64 {
                 .unwrap_or(TOOL_CALLS_UNBOUNDED)
                 .clamp(1, 10_000);
             fees = fees.saturating_add(fee.saturating_mul(calls));
+            each = each.max(fee);
         }
     }
     if value
@@ -705,8 +709,9 @@ fn tool_fees(profile: &super::Profile, value: &Value) -> u64 {
         && let Some(fee) = profile.tool_fee("web_search_options")
     {
         fees = fees.saturating_add(fee);
+        each = each.max(fee);
     }
-    fees
+    (fees, each)
 }
 
 /// The fields that name the output a request may write.
@@ -776,6 +781,8 @@ pub struct Estimated {
     pub(super) unseen: u64,
     /// The fees of the server-side tools it declares, in micro-dollars.
     pub(super) fees: u64,
+    /// The dearest fee of one of its tools' calls.
+    pub(super) fee_each: u64,
 }
 
 impl Estimated {
@@ -815,8 +822,9 @@ impl Estimated {
     }
 
     /// The fees of the server-side tools the request declares (web search, file search, code
-    /// execution), in micro-dollars, from the profile's table: reserved from a spend budget and
-    /// charged as reserved (an answer's count of tool calls is not read).
+    /// execution), in micro-dollars, from the profile's table: reserved from a spend budget, and
+    /// settled at the calls the answer reports (`Reported::tool_calls`, each at the dearest fee
+    /// of the request's tools), or as reserved when it reports none.
     pub fn tool_fees(&self) -> u64 {
         self.fees
     }

@@ -1242,3 +1242,92 @@ async fn a_fleet_shares_what_calls_with_unseen_inputs_are_billed() {
     assert_eq!(refused.json()["error"]["code"], "insufficient_quota");
     assert_eq!(upstream.answered.load(Ordering::SeqCst), 1);
 }
+
+/// Server-side tool fees are priced from the profile's table and settled at the calls the
+/// answer reports: three Anthropic searches cost $0.03 beside their tokens, two of OpenAI's
+/// responses API's $0.02 (they were outside every budget).
+#[tokio::test]
+async fn server_side_tool_fees_are_charged_to_the_budget_at_the_calls_reported() {
+    let anthropic = Scripted::start(|_, _| {
+        json_response(
+            200,
+            &[],
+            &json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-sonnet-4",
+                "content": [{"type": "text", "text": "found it"}], "stop_reason": "end_turn",
+                "usage": {"input_tokens": 100, "output_tokens": 10, "server_tool_use": {"web_search_requests": 3}}}),
+        )
+    })
+    .await;
+    let openai = Scripted::start(|_, _| {
+        json_response(
+            200,
+            &[],
+            &json!({"id": "resp_tools", "object": "response", "status": "completed",
+                "output": [{"type": "web_search_call", "id": "ws_1", "status": "completed"},
+                    {"type": "web_search_call", "id": "ws_2", "status": "completed"},
+                    {"type": "message", "id": "msg_2", "content": [{"type": "output_text", "text": "found"}]}],
+                "usage": {"input_tokens": 100, "output_tokens": 10, "total_tokens": 110}}),
+        )
+    })
+    .await;
+    let name = fresh("fees-");
+    let running = proxy(&format!(
+        r#"
+        admin_listen = "127.0.0.1:0"
+        [tenants]
+        from = "header:x-team"
+        trusted_network = true
+        [tenants.tier_of]
+        ops = "ops"
+        [tiers.ops]
+        spend = "$1/365d"
+        [[upstream]]
+        name = "{name}-a"
+        url = "{}"
+        profile = "anthropic"
+        requests = "1000/d"
+        [[upstream]]
+        name = "{name}-o"
+        url = "{}"
+        profile = "openai"
+        requests = "1000/d"
+        "#,
+        anthropic.url(),
+        openai.url()
+    ))
+    .await;
+    let searched = send(
+        running.addr,
+        "/v1/messages",
+        &[
+            ("x-team", "ops"),
+            ("anthropic-version", "2023-06-01"),
+            ("x-api-key", "k-ops-1"),
+        ],
+        Bytes::from(
+            json!({"model": "claude-sonnet-4", "max_tokens": 10,
+                "messages": [{"role": "user", "content": "search this"}],
+                "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 5}]})
+            .to_string(),
+        ),
+    )
+    .await;
+    assert_eq!(searched.status, 200, "{}", searched.body_str());
+    // claude-sonnet-4: $3 a million in, $15 out; three searches at $10 a thousand.
+    let mut left = 1_000_000 - (crate::org::billed((3_000_000, 15_000_000), 100, 10) + 30_000);
+    crate::org::settled(&running, "budget:tenant:ops", left).await;
+    let searched = send(
+        running.addr,
+        "/v1/responses",
+        &[("x-team", "ops"), ("authorization", "Bearer k-ops-1")],
+        Bytes::from(
+            json!({"model": "gpt-4o", "max_output_tokens": 10, "input": "search this",
+                "tools": [{"type": "web_search"}]})
+            .to_string(),
+        ),
+    )
+    .await;
+    assert_eq!(searched.status, 200, "{}", searched.body_str());
+    left -= crate::org::billed(crate::org::GPT_4O, 100, 10) + 20_000;
+    crate::org::settled(&running, "budget:tenant:ops", left).await;
+}
