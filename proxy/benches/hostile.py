@@ -121,15 +121,21 @@ def free_port():
         return s.getsockname()[1]
 
 
+METRICS_TOKEN = "hostile-bench-metrics-token"
+METRICS_HEADERS = {"Authorization": f"Bearer {METRICS_TOKEN}"}
+
+
 class Proxy:
     def __init__(self, binary, config):
         self.port = free_port()
         self.file = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
-        self.file.write(f'listen = "127.0.0.1:{self.port}"\n' + config)
+        # /metrics answers on the clients' listener only with a token (issue 31).
+        self.file.write(f'listen = "127.0.0.1:{self.port}"\nmetrics_token_env = "HOSTILE_METRICS_TOKEN"\n' + config)
         self.file.close()
         self.process = subprocess.Popen([binary, "--config", self.file.name, "--log", "json"],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                        env={**os.environ, "RUST_LOG": "warn"})
+                                        env={**os.environ, "RUST_LOG": "warn",
+                                             "HOSTILE_METRICS_TOKEN": METRICS_TOKEN})
         for _ in range(200):
             if self.process.poll() is not None:
                 os.unlink(self.file.name)
@@ -348,7 +354,7 @@ def case_leave(binary):
         time.sleep(1)
         written = upstream.events
         metrics = http.client.HTTPConnection("127.0.0.1", proxy.port)
-        metrics.request("GET", "/metrics")
+        metrics.request("GET", "/metrics", headers=METRICS_HEADERS)
         text = metrics.getresponse().read().decode()
         level = re.search(r'tollgate_proxy_level\{key="up:gpt-4o",currency="tokens"\} (\S+)', text)
         charged = 1_000_000 - float(level.group(1)) if level else None
@@ -394,7 +400,7 @@ def case_keys(binary, count=100_000):
         rss = proxy.rss_mb()
         metrics = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=60)
         scraped = time.time()
-        metrics.request("GET", "/metrics")
+        metrics.request("GET", "/metrics", headers=METRICS_HEADERS)
         text = metrics.getresponse().read()
         scrape_s = time.time() - scraped
         return {"case": f"{count} random API keys", "seconds": round(took, 1), "rss_before_mb": round(start_rss, 1),

@@ -292,14 +292,14 @@ fn descriptor_room() -> Option<usize> {
 impl Proxy {
     /// Binds `config.listen` and connects to the store (Redis, when `config.redis` is set).
     pub async fn bind(config: Config) -> Result<Proxy, StartError> {
-        let store: AnyStore = match &config.redis {
+        let (store, records): (AnyStore, _) = match &config.redis {
             Some(url) => {
                 let store = tollgate::store::redis::RedisStore::connect(url)
                     .await
-                    .map_err(|e| StartError(format!("redis: {e}")))?;
-                store.into()
+                    .map_err(|e| StartError(crate::config::masked(&format!("redis: {e}"))))?;
+                (store.clone().into(), Some(store))
             }
-            None => MemoryStore::new().into(),
+            None => (MemoryStore::new().into(), None),
         };
         let mut config = config;
         if let Some(room) = descriptor_room()
@@ -312,7 +312,7 @@ impl Proxy {
             );
             config.bounds.max_connections = room.max(1);
         }
-        let lasting = Arc::new(Lasting::new(&config, store));
+        let lasting = Arc::new(Lasting::new(&config, store, records));
         let current = Arc::new(Current::new(Shared::new(&config, &lasting, 0)?));
         let shared = current.get();
         let listener = TcpListener::bind(config.listen)

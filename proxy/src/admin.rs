@@ -119,6 +119,19 @@ struct WindowView {
     level: Option<f64>,
     /// What it refills a second.
     refill_per_second: f64,
+    /// For a budget (`spend`, counted in micro-dollars): its capacity, level and refill in
+    /// dollars, as people read money.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dollars: Option<DollarsView>,
+}
+
+#[derive(Debug, Serialize)]
+struct DollarsView {
+    /// The rate as written in the configuration (`$5/d`).
+    rate: String,
+    capacity: f64,
+    level: Option<f64>,
+    refill_per_second: f64,
 }
 
 fn windows(limits: &Limits, levels: Option<&tollgate::Snapshot>) -> Vec<WindowView> {
@@ -128,12 +141,20 @@ fn windows(limits: &Limits, levels: Option<&tollgate::Snapshot>) -> Vec<WindowVi
             .and_then(|s| s.windows().get(i))
             .filter(|a| a.currency == currency)
             .map(|a| a.tokens.as_f64());
+        let refill_per_second = rate.amount() as f64 / rate.period().as_secs_f64();
+        let dollars = (currency == Currency::Spend).then(|| DollarsView {
+            rate: tollgate::Rates::from(*rate).money().to_string(),
+            capacity: rate.burst() as f64 / 1e6,
+            level: level.map(|l| l / 1e6),
+            refill_per_second: refill_per_second / 1e6,
+        });
         out.push(WindowView {
             currency,
             rate: rate.to_string(),
             capacity: rate.burst(),
             level,
-            refill_per_second: rate.amount() as f64 / rate.period().as_secs_f64(),
+            refill_per_second,
+            dollars,
         });
     }
     out
@@ -176,6 +197,16 @@ fn spend_of(counts: &Counts, since: u64) -> Option<serde_json::Value> {
             "since": since,
         })
     })
+}
+
+/// A pause still in force on a key as the store has it (a fleet on Redis: any proxy may have
+/// heard the provider's 429), read within [`STORE_WAIT`].
+async fn stored_pause(shared: &Shared, key: &str) -> Option<serde_json::Value> {
+    let until = tokio::time::timeout(STORE_WAIT, shared.owners.pause_of(key))
+        .await
+        .ok()
+        .flatten()?;
+    (until > unix_ms()).then(|| serde_json::json!({"until": until}))
 }
 
 /// A pause still in force on a key.
@@ -254,6 +285,11 @@ async fn view(shared: &Shared) -> View {
             let limiter = limiter_of(shared, upstream, &key, kind == "tenant");
             let snapshot = snapshot_of(limiter.as_ref(), &mut store_ok).await;
             let counted = counts.get(&key).copied().unwrap_or_default();
+            let pause = match pause_of(&counted) {
+                Some(pause) => Some(pause),
+                None if store_ok => stored_pause(shared, &key).await,
+                None => None,
+            };
             keys.push(KeyView {
                 limits: limiter.as_ref().map(|l| l.limits().to_string()),
                 windows: limiter
@@ -269,7 +305,7 @@ async fn view(shared: &Shared) -> View {
                 tenant,
                 tenants: None,
                 spend: spend_of(&counted, shared.live.started),
-                pause: pause_of(&counted),
+                pause,
             });
         }
         let (members, waiting) = shared.live.others_of(name);
@@ -376,9 +412,61 @@ fn respond(status: StatusCode, content_type: &'static str, body: Bytes) -> Respo
     response
 }
 
+/// Whether the live view answers a request naming `host` (its `Host` header) on a listener
+/// bound to `local`: its own address, `localhost`, `127.0.0.1` or `[::1]` at its port when it
+/// is bound to loopback, or a name `admin_hosts` lists (`host`, any port, or `host:port`). A
+/// page on another name (DNS rebinding) is refused.
+fn host_allowed(host: Option<&str>, local: std::net::SocketAddr, listed: &[String]) -> bool {
+    let Some(host) = host.map(str::to_ascii_lowercase) else {
+        return false;
+    };
+    let port = local.port();
+    let (name, given_port) = match host.rsplit_once(':') {
+        Some((name, p)) if !name.ends_with(':') && p.bytes().all(|b| b.is_ascii_digit()) => {
+            (name.to_owned(), p.parse::<u16>().ok())
+        }
+        _ => (host.clone(), None),
+    };
+    // A browser always sends the port unless it is the scheme's default.
+    let at_port = given_port.unwrap_or(80) == port;
+    let own = [
+        (!local.ip().is_unspecified()).then(|| match local {
+            std::net::SocketAddr::V4(v4) => v4.ip().to_string(),
+            std::net::SocketAddr::V6(v6) => format!("[{}]", v6.ip()),
+        }),
+        local.ip().is_loopback().then(|| "localhost".to_owned()),
+        local.ip().is_loopback().then(|| "127.0.0.1".to_owned()),
+        local.ip().is_loopback().then(|| "[::1]".to_owned()),
+    ];
+    if at_port && own.iter().flatten().any(|own| *own == name) {
+        return true;
+    }
+    listed.iter().any(|entry| {
+        let entry = entry.to_ascii_lowercase();
+        entry == host || (!entry.contains(':') && entry == name)
+    })
+}
+
 /// One request to the admin listener.
-async fn serve_request(shared: &Shared, request: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn serve_request(
+    shared: &Shared,
+    request: Request<Incoming>,
+    local: std::net::SocketAddr,
+) -> Response<Full<Bytes>> {
     let text = "text/plain; charset=utf-8";
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok());
+    if !host_allowed(host, local, &shared.config.admin_hosts) {
+        return respond(
+            StatusCode::MISDIRECTED_REQUEST,
+            text,
+            Bytes::from_static(
+                b"the live view answers only to its own address (and the names admin_hosts lists)\n",
+            ),
+        );
+    }
     if request.method() != Method::GET && request.method() != Method::HEAD {
         let mut response = respond(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -413,6 +501,14 @@ async fn serve_request(shared: &Shared, request: Request<Incoming>) -> Response<
             );
             response
         }
+        "/metrics" => {
+            let (body, content_type) = crate::proxy::metrics_page(shared).await;
+            let mut response = respond(StatusCode::OK, text, body);
+            response
+                .headers_mut()
+                .insert(header::CONTENT_TYPE, content_type);
+            response
+        }
         "/admin/api/keys" => {
             let view = view(shared).await;
             let body = serde_json::to_vec(&view).unwrap_or_default();
@@ -431,6 +527,9 @@ async fn serve_request(shared: &Shared, request: Request<Incoming>) -> Response<
 /// Serves the admin listener until the task is dropped (its connections with it).
 pub(crate) async fn serve(listener: TcpListener, current: Arc<crate::state::Current>) {
     let mut connections = JoinSet::new();
+    let Ok(local) = listener.local_addr() else {
+        return;
+    };
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -452,7 +551,7 @@ pub(crate) async fn serve(listener: TcpListener, current: Arc<crate::state::Curr
         connections.spawn(async move {
             let service = service_fn(move |request| {
                 let shared = current.get();
-                async move { Ok::<_, Infallible>(serve_request(&shared, request).await) }
+                async move { Ok::<_, Infallible>(serve_request(&shared, request, local).await) }
             });
             // A kept-alive connection that sends nothing is closed after the header timeout.
             let _ = hyper::server::conn::http1::Builder::new()
@@ -481,6 +580,41 @@ async fn snapshot_of(limiter: Option<&Limiter>, store_ok: &mut bool) -> Option<t
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_view_answers_its_own_names_only() {
+        let local: std::net::SocketAddr = "127.0.0.1:8788".parse().unwrap();
+        let listed = vec!["ops.example.com".to_owned(), "view.example:9000".to_owned()];
+        for ok in [
+            "127.0.0.1:8788",
+            "localhost:8788",
+            "LOCALHOST:8788",
+            "[::1]:8788",
+            "ops.example.com",
+            "ops.example.com:443",
+            "view.example:9000",
+        ] {
+            assert!(host_allowed(Some(ok), local, &listed), "{ok}");
+        }
+        for refused in [
+            "evil.example:8788",
+            "127.0.0.1:9999",
+            "localhost",
+            "view.example:9001",
+            "127.0.0.1.evil.example:8788",
+            "",
+        ] {
+            assert!(!host_allowed(Some(refused), local, &listed), "{refused}");
+        }
+        assert!(!host_allowed(None, local, &listed));
+        let any: std::net::SocketAddr = "0.0.0.0:8788".parse().unwrap();
+        assert!(!host_allowed(Some("0.0.0.0:8788"), any, &[]));
+        assert!(host_allowed(
+            Some("10.1.2.3:8788"),
+            "10.1.2.3:8788".parse().unwrap(),
+            &[]
+        ));
+    }
 
     #[test]
     fn a_url_is_shown_without_its_credentials() {

@@ -236,6 +236,11 @@ pub(crate) struct TenantView {
 pub(crate) struct Prepared {
     pub(crate) attempts: Attempts,
     pub(crate) tenant_view: Option<TenantView>,
+    /// The call brings inputs the proxy can't see: its tenant and model, whose ceiling its
+    /// bill teaches (`hidden.rs`).
+    pub(crate) hidden: Option<(String, String)>,
+    /// Its turn, while such calls go one at a time: held until it settles.
+    pub(crate) alone: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 /// The budgets a call spends from: its tenant's, its tier's shared one, its upstream's. Each
@@ -310,9 +315,69 @@ pub(crate) async fn prepare(
     body: &Bytes,
 ) -> Result<Prepared, Refusal> {
     let gate = &upstream.gate;
-    let estimated = gate
+    let mut estimated = gate
         .read(parts, body)
         .map_err(|err| refusal(shared, upstream, &err, None))?;
+    // Inputs the proxy can't see, under a budget: reserved at what such calls were billed
+    // before, or, until one has settled, one call at a time.
+    let pooled_budgets = shared
+        .config
+        .pool_of(&upstream.name, estimated.model())
+        .is_some_and(|pool| {
+            pool.members.iter().any(|m| {
+                shared
+                    .upstream_named(m)
+                    .is_some_and(|u| !u.config.spend.is_empty())
+            })
+        });
+    let mut hidden = None;
+    let mut alone = None;
+    if pooled_budgets || !budgets(shared, upstream, tenant).is_empty() {
+        let read = estimated.body().map_or(&body[..], |b| &b[..]);
+        let value: serde_json::Value = serde_json::from_slice(read).unwrap_or_default();
+        if crate::hidden::unmeasured(&value) {
+            let who = tenant.map_or("-", |t| t.name.as_str()).to_owned();
+            let model = estimated.model().unwrap_or("-").to_owned();
+            let (mut most, turn) = shared.hidden.ceiling(&who, &model);
+            if most.is_none()
+                && let Some(shared_most) = shared.owners.ceiling_of(&who, &model).await
+            {
+                most = Some(shared.hidden.learned(&who, &model, shared_most));
+            }
+            match most {
+                Some(most) => {
+                    let unseen = most.saturating_sub(estimated.input_tokens());
+                    estimated = estimated.with_unseen_input(unseen);
+                }
+                None => {
+                    let deadline = gate
+                        .deadline()
+                        .unwrap_or_else(|| Instant::now() + Duration::from_secs(3_600));
+                    match tokio::time::timeout_at(deadline, turn.acquire_owned()).await {
+                        // The call before it may have taught the ceiling while it waited:
+                        // then it goes at once, reserved at it.
+                        Ok(Ok(permit)) => match shared.hidden.ceiling(&who, &model).0 {
+                            Some(most) => {
+                                drop(permit);
+                                let unseen = most.saturating_sub(estimated.input_tokens());
+                                estimated = estimated.with_unseen_input(unseen);
+                            }
+                            None => alone = Some(permit),
+                        },
+                        _ => {
+                            upstream.metrics.local_429s.increment(1);
+                            return Err(Refusal {
+                                kind: ErrorKind::RateLimited(None),
+                                message: "tollgate-proxy: this call brings input the proxy can't see (a previous response, a file by reference, a server-side tool), and such calls of this tenant and model go one at a time until one has been billed; another is still in flight".to_owned(),
+                                retry_after: Some(Duration::from_secs(1)),
+                            });
+                        }
+                    }
+                }
+            }
+            hidden = Some((who, model));
+        }
+    }
     if upstream.config.unknown_models == UnknownModels::Refuse {
         let named = match upstream.family {
             Family::Azure => model_of(Family::Azure, parts, &serde_json::Value::Null),
@@ -374,53 +439,113 @@ pub(crate) async fn prepare(
         }
     }
     // Budgets never wait: a spent budget is answered as the provider answers a spent quota.
+    // A pool's members' own budgets are paid by the member that serves the call, when it is
+    // chosen (`forward.rs`): paid here, the first member's had paid for every member.
+    let pooled = shared
+        .config
+        .pool_of(&upstream.name, attempts.estimated().model())
+        .is_some();
     for (key, limits, named) in budgets(shared, upstream, tenant) {
-        shared.carry(&key).await;
-        let key = shared.store_key(&key);
-        let limiter = shared
-            .registry
-            .limiter(&key, &limits)
-            .map_err(|err| refusal(shared, upstream, &err, None))?;
-        let cost = gate
-            .cost_of(attempts.estimated(), Some(&limits))
-            .map_err(|err| refusal(shared, upstream, &err, None))?;
-        let priced = Dollars(cost.spend);
-        match limiter.try_acquire(cost).await {
-            Ok(Attempt::Admitted(permit)) => attempts.attach(permit),
-            Ok(Attempt::NotYet(wait)) => {
-                upstream.metrics.budget_refusals.increment(1);
-                shared.live.budget_refused(&key);
-                let left = limiter
-                    .snapshot()
-                    .await
-                    .ok()
-                    .and_then(|s| s.least(Currency::Spend))
-                    .map_or(0, |l| u64::try_from(l.whole().max(0)).unwrap_or(0));
-                return Err(Refusal {
-                    kind: ErrorKind::BudgetSpent,
-                    message: format!(
-                        "tollgate-proxy: {named} is spent: {} left, and this call may cost up to {priced}; enough refills in {}",
-                        Dollars(left),
-                        human(wait)
-                    ),
-                    retry_after: Some(wait),
-                });
-            }
-            Err(Error::CostExceedsCapacity { .. }) => {
-                upstream.metrics.budget_refusals.increment(1);
-                shared.live.budget_refused(&key);
-                return Err(Refusal::new(
-                    ErrorKind::BudgetSpent,
-                    format!(
-                        "tollgate-proxy: this call may cost up to {priced}, more than {named} ever holds; lower max_tokens"
-                    ),
-                ));
-            }
-            Err(err) => return Err(refusal(shared, upstream, &err, None)),
+        if pooled && key.starts_with(&format!("{BUDGET}upstream:")) {
+            continue;
         }
+        let permit = take_budget(shared, upstream, &attempts, &key, &limits, &named).await?;
+        attempts.attach(permit);
     }
     Ok(Prepared {
         attempts,
         tenant_view,
+        hidden,
+        alone,
     })
+}
+
+/// The budget of `member` (its upstream's `spend`), paid for the call in `attempts` at once, if
+/// it keeps one.
+pub(crate) async fn member_budget(
+    shared: &Shared,
+    member: &ReadyUpstream,
+    attempts: &Attempts,
+) -> Result<Option<tollgate::Permit>, Refusal> {
+    if member.config.spend.is_empty() {
+        return Ok(None);
+    }
+    let key = format!("{BUDGET}upstream:{}", member.name);
+    let limits = Limits::default().with_spend(member.config.spend.clone());
+    let named = format!(
+        "the budget of upstream `{}` ({})",
+        member.name,
+        member.config.spend.money()
+    );
+    take_budget(shared, member, attempts, &key, &limits, &named)
+        .await
+        .map(Some)
+}
+
+/// Pays the call's most price from the budget `key` now, or answers why it can't (spent, or
+/// never enough): budgets never wait.
+async fn take_budget(
+    shared: &Shared,
+    upstream: &ReadyUpstream,
+    attempts: &Attempts,
+    key: &str,
+    limits: &Limits,
+    named: &str,
+) -> Result<tollgate::Permit, Refusal> {
+    shared.carry(key).await;
+    let key = shared.store_key(key);
+    let limiter = shared
+        .registry
+        .limiter(&key, limits)
+        .map_err(|err| refusal(shared, upstream, &err, None))?;
+    let cost = upstream
+        .gate
+        .cost_of(attempts.estimated(), Some(limits))
+        .map_err(|err| refusal(shared, upstream, &err, None))?;
+    let priced = Dollars(cost.spend);
+    match limiter.try_acquire(cost).await {
+        Ok(Attempt::Admitted(permit)) => Ok(permit),
+        Ok(Attempt::NotYet(wait)) => {
+            upstream.metrics.budget_refusals.increment(1);
+            shared.live.budget_refused(&key);
+            let left = limiter
+                .snapshot()
+                .await
+                .ok()
+                .and_then(|s| s.least(Currency::Spend))
+                .map_or(0, |l| u64::try_from(l.whole().max(0)).unwrap_or(0));
+            Err(Refusal {
+                kind: ErrorKind::BudgetSpent,
+                message: format!(
+                    "tollgate-proxy: {named} is spent: {} left, and this call may cost up to {priced}; enough refills in {}",
+                    Dollars(left),
+                    human(wait)
+                ),
+                retry_after: Some(wait),
+            })
+        }
+        Err(Error::CostExceedsCapacity { .. }) => {
+            upstream.metrics.budget_refusals.increment(1);
+            shared.live.budget_refused(&key);
+            Err(Refusal::new(
+                ErrorKind::BudgetSpent,
+                format!(
+                    "tollgate-proxy: this call may cost up to {priced}, more than {named} ever holds; lower max_tokens"
+                ),
+            ))
+        }
+        Err(err) => Err(refusal(shared, upstream, &err, None)),
+    }
+}
+
+/// Gives a budget's charge back: the attempt it paid for is billed nothing (an error without
+/// usage, a 429, an upstream that could not be reached).
+pub(crate) async fn refund(permit: tollgate::Permit) {
+    let key = permit.limiter().key().to_owned();
+    if let Err(err) = permit
+        .settle_usage(tollgate::Usage::default().with_spend(0))
+        .await
+    {
+        tracing::warn!(%key, error = %err, "could not give a budget's charge back");
+    }
 }

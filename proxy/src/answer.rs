@@ -29,6 +29,11 @@ pub(crate) enum ErrorKind {
     Unauthorized,
     /// No route (404).
     NotFound,
+    /// A stored object another tenant owns, or none does (404, as the provider answers an id
+    /// it doesn't know).
+    NoSuchObject,
+    /// Listing the organisation's stored objects, which are every tenant's (403).
+    Forbidden,
     /// The request's body came too slowly, or not at all (408).
     SlowBody,
     /// A `content-encoding` the proxy can't read (415).
@@ -62,7 +67,8 @@ impl ErrorKind {
             ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorKind::Invalid => StatusCode::BAD_REQUEST,
             ErrorKind::Unauthorized => StatusCode::UNAUTHORIZED,
-            ErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ErrorKind::NotFound | ErrorKind::NoSuchObject => StatusCode::NOT_FOUND,
+            ErrorKind::Forbidden => StatusCode::FORBIDDEN,
             ErrorKind::SlowBody => StatusCode::REQUEST_TIMEOUT,
             ErrorKind::UnsupportedEncoding => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ErrorKind::Upstream => StatusCode::BAD_GATEWAY,
@@ -84,6 +90,8 @@ impl ErrorKind {
             ErrorKind::Invalid => ("invalid_request_error", "invalid_request"),
             ErrorKind::Unauthorized => ("invalid_request_error", "invalid_api_key"),
             ErrorKind::NotFound => ("invalid_request_error", "unknown_url"),
+            ErrorKind::NoSuchObject => ("invalid_request_error", "not_found"),
+            ErrorKind::Forbidden => ("invalid_request_error", "permission_denied"),
             ErrorKind::SlowBody => ("invalid_request_error", "request_timeout"),
             ErrorKind::UnsupportedEncoding => ("invalid_request_error", "unsupported_encoding"),
             ErrorKind::Upstream => ("server_error", "upstream_unreachable"),
@@ -102,7 +110,8 @@ impl ErrorKind {
             | ErrorKind::UnsupportedEncoding
             | ErrorKind::BudgetSpent => "invalid_request_error",
             ErrorKind::Unauthorized => "authentication_error",
-            ErrorKind::NotFound => "not_found_error",
+            ErrorKind::NotFound | ErrorKind::NoSuchObject => "not_found_error",
+            ErrorKind::Forbidden => "permission_error",
             ErrorKind::Upstream | ErrorKind::UpstreamTimeout => "api_error",
             ErrorKind::Unavailable => "overloaded_error",
         }

@@ -11,14 +11,45 @@ use tollgate::http::Profile;
 use tollgate::http::models::Price;
 use tollgate::{Limits, Rates};
 
+pub use crate::health::Ejection;
+
 /// A configuration that can't be used, with every problem found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError(pub Vec<String>);
 
 impl std::fmt::Display for ConfigError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "configuration: {}", self.0.join("; "))
+        write!(f, "configuration: {}", masked(&self.0.join("; ")))
     }
+}
+
+/// `text` with the credentials of every URL in it masked: what stands between `://` and `@`
+/// (`https://user:secret@host` is shown as `https://***@host`, `redis://:pw@host` as
+/// `redis://***@host`). Every error and log line that may quote a URL goes through it.
+pub fn masked(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let (before, after) = rest.split_at(at + 3);
+        out.push_str(before);
+        // The authority ends at the first `/`, `?`, `#`, space, quote or backtick.
+        let end = after
+            .find(|c: char| {
+                matches!(c, '/' | '?' | '#' | '`' | '"' | '\'' | '<' | '>') || c.is_whitespace()
+            })
+            .unwrap_or(after.len());
+        let authority = &after[..end];
+        match authority.rfind('@') {
+            Some(userinfo) => {
+                out.push_str("***");
+                out.push_str(&authority[userinfo..]);
+            }
+            None => out.push_str(authority),
+        }
+        rest = &after[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 impl std::error::Error for ConfigError {}
@@ -31,6 +62,14 @@ pub struct Config {
     /// Where the operators' live view listens (`GET /admin/`, `GET /admin/api/keys`), apart
     /// from the clients' listener (default: nowhere, disabled).
     pub admin_listen: Option<SocketAddr>,
+    /// The `Host`s the live view answers besides its own address (and, bound to loopback,
+    /// `localhost` and `127.0.0.1` at its port): `host` or `host:port`. Any other `Host` is
+    /// refused, so a page in an operator's browser can't read the view through DNS rebinding.
+    pub admin_hosts: Vec<String>,
+    /// The token `/metrics` on the clients' listener asks for (`Authorization: Bearer TOKEN`),
+    /// read from the environment variable `metrics_token_env` names. Without one, `/metrics`
+    /// is served only on `admin_listen`.
+    pub metrics_token: Option<String>,
     /// A Redis URL: every proxy on it shares every key (default: in memory, this process).
     pub redis: Option<String>,
     /// The largest request body accepted, as sent and as decoded from its `content-encoding`;
@@ -77,6 +116,12 @@ pub struct Pool {
     pub models: Vec<String>,
     /// The upstreams that serve it, by name. They speak the same API (one profile).
     pub members: Vec<String>,
+    /// When a member that keeps failing is passed over, and for how long.
+    pub ejection: Ejection,
+    /// How long one attempt at a member may wait for its answer's first byte before the call
+    /// moves to another member (`None`: the call's time left, shared by the members it has not
+    /// tried yet; the last one gets all of it).
+    pub attempt_timeout: Option<Duration>,
 }
 
 /// One model an upstream lists.
@@ -92,8 +137,12 @@ pub struct ModelConfig {
     /// The most output a call may write (what a call without `max_tokens` reserves); `None`:
     /// the profile's figure.
     pub max_output: Option<u64>,
-    /// Its price per million tokens; `None`: the profile's figure.
+    /// Its price per million tokens; `None`: the profile's figure (of the model it serves,
+    /// when `model` names one).
     pub price: Option<Price>,
+    /// The model it serves, when its name is not a model's: an Azure deployment
+    /// (`prod-4o` serving `gpt-4o`) is priced, and its most output read, as that model.
+    pub model: Option<String>,
 }
 
 /// What a client may hold, and for how long. Every limit has a default.
@@ -275,6 +324,10 @@ pub struct Upstream {
     /// The environment variable holding the upstream's real API key, sent in place of a
     /// virtual key.
     pub api_key_env: Option<String>,
+    /// With virtual keys: a tenant's `OpenAI-Organization` and `OpenAI-Project` headers go up
+    /// beside the real key (default false: they are dropped, so a tenant can't choose the
+    /// organisation or project billed).
+    pub tenant_org_headers: bool,
 }
 
 impl Upstream {
@@ -346,6 +399,9 @@ pub const SECRET_HEADER: &str = "tollgate-tenant-secret";
 struct File {
     listen: Option<String>,
     admin_listen: Option<String>,
+    #[serde(default)]
+    admin_hosts: Vec<String>,
+    metrics_token_env: Option<String>,
     redis: Option<String>,
     max_body_bytes: Option<usize>,
     drain_seconds: Option<f64>,
@@ -383,6 +439,10 @@ struct PoolFile {
     #[serde(default)]
     models: Vec<String>,
     members: Vec<String>,
+    eject_after: Option<u32>,
+    eject_seconds: Option<f64>,
+    eject_max_seconds: Option<f64>,
+    attempt_timeout_seconds: Option<f64>,
 }
 
 /// A virtual key's tenant: its name, or its name and tier.
@@ -415,6 +475,7 @@ struct ModelFile {
     aliases: Vec<String>,
     max_output: Option<u64>,
     price: Option<PriceFile>,
+    model: Option<String>,
 }
 
 /// Dollars per million tokens.
@@ -469,6 +530,7 @@ struct UpstreamFile {
     retries: Option<u32>,
     http2_only: Option<bool>,
     api_key_env: Option<String>,
+    tenant_org_headers: Option<bool>,
 }
 
 /// Limits from three optional rate strings; none at all is `None`.
@@ -575,7 +637,8 @@ impl Config {
     /// # Ok::<(), tollgate_proxy::ConfigError>(())
     /// ```
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
-        let file: File = toml::from_str(text).map_err(|e| ConfigError(vec![e.to_string()]))?;
+        let file: File =
+            toml::from_str(text).map_err(|e| ConfigError(vec![masked(&e.to_string())]))?;
         let mut problems = Vec::new();
         let listen = file
             .listen
@@ -591,6 +654,32 @@ impl Config {
                 .map_err(|e| problems.push(format!("admin_listen: `{text}`: {e}")))
                 .ok()
         });
+        let metrics_token =
+            file.metrics_token_env
+                .as_deref()
+                .and_then(|var| match std::env::var(var) {
+                    Ok(token) if token.len() >= 16 => Some(token),
+                    Ok(_) => {
+                        problems.push(format!(
+                            "metrics_token_env: the token in {var} must be at least 16 characters"
+                        ));
+                        None
+                    }
+                    Err(_) => {
+                        problems.push(format!(
+                            "metrics_token_env: the environment variable {var} is not set"
+                        ));
+                        None
+                    }
+                });
+        for host in &file.admin_hosts {
+            if host.is_empty() || host.contains(['/', ' ', '@']) {
+                problems.push(format!(
+                    "admin_hosts: `{}` is not a host or host:port",
+                    host.escape_debug()
+                ));
+            }
+        }
         let drain = file.drain_seconds.map_or(DEFAULT_DRAIN, |s| {
             seconds(s, "drain_seconds", &mut problems)
         });
@@ -658,11 +747,13 @@ impl Config {
             }
         }
         if !problems.is_empty() {
-            return Err(ConfigError(problems));
+            return Err(ConfigError(problems.iter().map(|p| masked(p)).collect()));
         }
         Ok(Config {
             listen,
             admin_listen,
+            admin_hosts: file.admin_hosts,
+            metrics_token,
             redis: file.redis,
             max_body: file.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY),
             drain,
@@ -679,6 +770,37 @@ impl Config {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError(vec![format!("{}: {e}", path.display())]))?;
         Config::from_toml(&text)
+    }
+
+    /// What an operator should know of this configuration before it serves: paths that
+    /// spend at the provider and go out unmetered with the organisation's key (`other_paths =
+    /// "pass"` with `virtual_key_paths = "any"`: images, audio, batches, fine-tuning, ...).
+    /// Logged as warnings at start and at each reload.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.other_paths == OtherPaths::Pass
+            && !self.tenants.virtual_keys.is_empty()
+            && self.tenants.virtual_key_paths == KeyPaths::Any
+        {
+            let upstreams: Vec<&str> = self
+                .upstreams
+                .iter()
+                .filter(|u| u.api_key_env.is_some())
+                .map(|u| u.name.as_str())
+                .collect();
+            out.push(format!(
+                "other_paths = \"pass\" with virtual_key_paths = \"any\": paths the proxy doesn't meter (images, audio, batches, fine-tuning, realtime, ...) go out unmetered with the organisation's key (upstreams {}); every tenant with a virtual key can spend on them outside its windows and budgets",
+                upstreams.join(", ")
+            ));
+        } else if self.other_paths == OtherPaths::Pass
+            && self.tenants.virtual_keys.is_empty()
+            && self.upstreams.iter().any(|u| u.api_key_env.is_some())
+        {
+            out.push(
+                "other_paths = \"pass\": paths the proxy doesn't meter (images, audio, batches, fine-tuning, ...) go out unmetered, outside every window and budget".to_owned(),
+            );
+        }
+        out
     }
 
     /// The pool `upstream` is a member of, for a call of `model`.
@@ -700,6 +822,8 @@ impl Config {
         Config {
             listen: DEFAULT_LISTEN.parse().expect("a valid default"),
             admin_listen: None,
+            admin_hosts: Vec::new(),
+            metrics_token: None,
             redis: None,
             max_body: DEFAULT_MAX_BODY,
             drain: DEFAULT_DRAIN,
@@ -1029,10 +1153,41 @@ fn pools(files: Vec<PoolFile>, upstreams: &[Upstream], problems: &mut Vec<String
                 ));
             }
         }
+        let defaults = Ejection::default();
+        if p.eject_after == Some(0) {
+            problems.push(format!(
+                "{what}: eject_after = 0 would eject a member that never failed"
+            ));
+        }
+        let ejection = Ejection {
+            after: p.eject_after.unwrap_or(defaults.after).max(1),
+            base: timeout(
+                p.eject_seconds,
+                defaults.base,
+                &format!("{what}: eject_seconds"),
+                problems,
+            ),
+            most: timeout(
+                p.eject_max_seconds,
+                defaults.most,
+                &format!("{what}: eject_max_seconds"),
+                problems,
+            ),
+        };
+        let attempt_timeout = p.attempt_timeout_seconds.map(|s| {
+            timeout(
+                Some(s),
+                Duration::ZERO,
+                &format!("{what}: attempt_timeout_seconds"),
+                problems,
+            )
+        });
         pools.push(Pool {
             name: p.name,
             models: p.models,
             members: p.members,
+            ejection,
+            attempt_timeout,
         });
     }
     pools
@@ -1120,6 +1275,7 @@ fn models(file: Option<ModelsFile>, what: &str, problems: &mut Vec<String>) -> V
             aliases: f.aliases.clone(),
             max_output: f.max_output,
             price: f.price.as_ref().and_then(|p| price(p, &at, problems)),
+            model: f.model.clone(),
             name,
         });
     }
@@ -1206,6 +1362,7 @@ fn upstream(i: usize, u: UpstreamFile, problems: &mut Vec<String>) -> Upstream {
         retries: u.retries.unwrap_or(3),
         http2_only: u.http2_only.unwrap_or(false),
         api_key_env: u.api_key_env,
+        tenant_org_headers: u.tenant_org_headers.unwrap_or(false),
     };
     if let Err(e) = upstream.library_profile() {
         problems.push(e);
@@ -1246,6 +1403,7 @@ impl Upstream {
             retries: 3,
             http2_only: false,
             api_key_env: None,
+            tenant_org_headers: false,
         }
     }
 }

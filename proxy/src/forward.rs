@@ -77,6 +77,14 @@ pub(crate) fn upstream_head(
             parts.headers.remove(key_header);
         }
         parts.headers.insert(name.clone(), value.clone());
+        // Answers come back as written, so that an echo of the real key can be masked.
+        parts.headers.remove(header::ACCEPT_ENCODING);
+        // The organisation or project a call is billed to is the organisation's to choose,
+        // never a tenant's, unless the upstream's configuration lets the tenant choose.
+        if !upstream.config.tenant_org_headers {
+            parts.headers.remove("openai-organization");
+            parts.headers.remove("openai-project");
+        }
     }
     Some(parts)
 }
@@ -233,6 +241,9 @@ struct Sending<'a> {
     /// The pool's members (empty: no pool) and those that failed this call.
     members: Vec<Arc<ReadyUpstream>>,
     failed: Vec<String>,
+    /// The pool's ejection rule, and how long one attempt may wait for its first byte.
+    ejection: crate::health::Ejection,
+    attempt_timeout: Option<Duration>,
 }
 
 impl Sending<'_> {
@@ -252,28 +263,44 @@ impl Sending<'_> {
 
     /// The next attempt's member and call: the first member (from a rotating start) that can
     /// admit it now, else the one that can soonest (a member paused by its provider waits
-    /// out its pause there).
+    /// out its pause there). Members ejected for failing are passed over while another can
+    /// take the call, and so are members whose own budget can't pay for it; the member chosen
+    /// pays its budget with the call.
     async fn admit(
         &mut self,
         attempts: &mut Attempts,
         current: &Arc<ReadyUpstream>,
-    ) -> Result<(Arc<ReadyUpstream>, tollgate::http::Call), tollgate::Error> {
+    ) -> Result<(Arc<ReadyUpstream>, tollgate::http::Call), NotAdmitted> {
         if self.members.is_empty() {
             let key = attempts.estimated().key();
             self.shared
                 .carry(key.split('@').next().unwrap_or(key))
                 .await;
-            return Ok((Arc::clone(current), attempts.admit().await?));
+            return Ok((
+                Arc::clone(current),
+                attempts.admit().await.map_err(NotAdmitted::Gate)?,
+            ));
         }
-        let mut candidates: Vec<Arc<ReadyUpstream>> = self
+        let now = Instant::now();
+        let untried: Vec<Arc<ReadyUpstream>> = self
             .members
             .iter()
             .filter(|m| !self.failed.contains(&m.name))
             .cloned()
             .collect();
-        if candidates.is_empty() {
-            candidates = self.members.clone();
-        }
+        let healthy: Vec<Arc<ReadyUpstream>> = untried
+            .iter()
+            .filter(|m| !m.health.ejected(now))
+            .cloned()
+            .collect();
+        // Every member ejected: they are tried all the same (a pool never refuses for that).
+        let mut candidates = if !healthy.is_empty() {
+            healthy
+        } else if !untried.is_empty() {
+            untried
+        } else {
+            self.members.clone()
+        };
         let start = self
             .shared
             .next_member
@@ -282,7 +309,15 @@ impl Sending<'_> {
         candidates.rotate_left(start % count);
         let mut best: Option<(Arc<ReadyUpstream>, Duration)> = None;
         let mut failure = None;
+        let mut spent = None;
         for member in candidates {
+            let budget = match crate::admit::member_budget(self.shared, &member, attempts).await {
+                Ok(budget) => budget,
+                Err(refused) => {
+                    spent = Some(refused);
+                    continue;
+                }
+            };
             let key = key_of(
                 &member.config,
                 &member.profile,
@@ -290,8 +325,16 @@ impl Sending<'_> {
             );
             attempts.switch(&member.gate, key);
             match attempts.admit_now().await {
-                Ok(call) => return Ok((member, call)),
+                Ok(mut call) => {
+                    if let Some(budget) = budget {
+                        call.attach(budget);
+                    }
+                    return Ok((member, call));
+                }
                 Err(tollgate::Error::Timeout { needed, .. }) => {
+                    if let Some(budget) = budget {
+                        crate::admit::refund(budget).await;
+                    }
                     // Without `needed`, the store's answer came too late for "now" (a round
                     // trip to a busy Redis): the member may well have room, and is as good a
                     // choice as any. (Read as never, it sent the call to a member that had
@@ -308,26 +351,85 @@ impl Sending<'_> {
                         best = Some((member, wait));
                     }
                 }
-                Err(err) => failure = Some(err),
+                Err(err) => {
+                    if let Some(budget) = budget {
+                        crate::admit::refund(budget).await;
+                    }
+                    failure = Some(err);
+                }
             }
         }
         let Some((member, _)) = best else {
-            return Err(failure.unwrap_or_else(|| tollgate::Error::NoLimits {
-                key: "pool".to_owned(),
-            }));
+            return Err(match (failure, spent) {
+                (Some(err), _) => NotAdmitted::Gate(err),
+                (None, Some(spent)) => NotAdmitted::Budget(spent),
+                (None, None) => NotAdmitted::Gate(tollgate::Error::NoLimits {
+                    key: "pool".to_owned(),
+                }),
+            });
         };
+        let budget = crate::admit::member_budget(self.shared, &member, attempts)
+            .await
+            .map_err(NotAdmitted::Budget)?;
         let key = key_of(
             &member.config,
             &member.profile,
             self.model(attempts, member.family),
         );
         attempts.switch(&member.gate, key);
-        let call = {
+        let admitted = {
             let _choosing = Choosing::new(&member);
-            attempts.admit().await?
+            attempts.admit().await
         };
-        Ok((member, call))
+        match admitted {
+            Ok(mut call) => {
+                if let Some(budget) = budget {
+                    call.attach(budget);
+                }
+                Ok((member, call))
+            }
+            Err(err) => {
+                if let Some(budget) = budget {
+                    crate::admit::refund(budget).await;
+                }
+                Err(NotAdmitted::Gate(err))
+            }
+        }
     }
+
+    /// Members other than `member` this call could still move to (not failed it, not ejected).
+    fn others(&self, member: &ReadyUpstream) -> usize {
+        let now = Instant::now();
+        self.members
+            .iter()
+            .filter(|m| m.name != member.name && !self.failed.contains(&m.name))
+            .filter(|m| !m.health.ejected(now))
+            .count()
+    }
+
+    /// The member failed this call (a 5xx, no first byte in time, no connection): it is passed
+    /// over by this call, and counted toward its ejection.
+    fn member_failed(&mut self, member: &ReadyUpstream, spent_quota: bool) {
+        self.failed.push(member.name.clone());
+        let now = Instant::now();
+        let ejected = if spent_quota {
+            member.health.spent(now, self.ejection)
+        } else {
+            member.health.failed(now, self.ejection)
+        };
+        if let Some(time) = ejected {
+            member.metrics.ejected.increment(1);
+            tracing::warn!(upstream = %member.name, ?time, "a pool member keeps failing: passed over for a while");
+        }
+    }
+}
+
+/// Why a pool's call was not admitted at any member.
+enum NotAdmitted {
+    /// The gate's refusal (the wait would pass the deadline, the store is down, ...).
+    Gate(tollgate::Error),
+    /// Every member's own budget is spent.
+    Budget(crate::admit::Refusal),
 }
 
 /// A call that chose a pool member to wait for, counted until it is admitted (or gives up).
@@ -391,6 +493,8 @@ pub(crate) async fn metered(
     let Prepared {
         mut attempts,
         tenant_view,
+        hidden,
+        alone,
     } = prepared;
     let family = upstream.family;
     let deadline = attempts.deadline();
@@ -410,6 +514,8 @@ pub(crate) async fn metered(
             .filter_map(|name| shared.upstream_named(name).cloned())
             .collect(),
         failed: Vec::new(),
+        ejection: pool.as_ref().map(|p| p.ejection).unwrap_or_default(),
+        attempt_timeout: pool.as_ref().and_then(|p| p.attempt_timeout),
     };
     let line = Arc::new(Mutex::new(Line {
         upstream: upstream.name.clone(),
@@ -439,20 +545,58 @@ pub(crate) async fn metered(
         );
         let live = Arc::clone(&shared.live);
         let tenant_key = tenant.map(|t| format!("{}:{TENANT_PART}{}", upstream.name, t.name));
+        // The tenant's and tier's budgets; the upstream's is the serving member's (below).
+        let upstream_budget = format!("{}upstream:", crate::state::BUDGET);
         let budgets: Vec<String> = crate::admit::budgets(shared, &upstream, tenant)
             .into_iter()
             .map(|(key, _, _)| key)
+            .filter(|key| !key.starts_with(&upstream_budget))
             .collect();
+        let member_budgets: std::collections::HashSet<String> = shared
+            .upstreams
+            .iter()
+            .filter(|u| !u.config.spend.is_empty())
+            .map(|u| u.name.clone())
+            .collect();
+        let learned = Arc::clone(&shared.hidden);
+        let records = Arc::clone(&shared.owners);
         attempts.on_settled(Box::new(move |settlement: &Settlement| {
+            // A call with inputs the proxy can't see teaches what such calls are billed (an
+            // error's usage, the estimate, teaches nothing); its turn ends with it.
+            let status = line.lock().unwrap_or_else(PoisonError::into_inner).status;
+            if let (Some((tenant, model)), Some(_)) = (&hidden, settlement.usage)
+                && (200..400).contains(&status)
+            {
+                let reported = settlement.reported;
+                let input = reported
+                    .input
+                    .unwrap_or(0)
+                    .saturating_add(reported.cache_read.unwrap_or(0))
+                    .saturating_add(reported.cache_write.unwrap_or(0));
+                let most = learned.learned(tenant, model, input);
+                // The fleet learns it too (in a task: the settlement doesn't wait on Redis).
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    let (records, tenant, model) =
+                        (Arc::clone(&records), tenant.clone(), model.clone());
+                    runtime.spawn(async move {
+                        records.share_ceiling(&tenant, &model, most).await;
+                    });
+                }
+            }
+            drop(alone);
             if let Some(usage) = settlement.usage {
                 settled.increment(usage.tokens.unwrap_or(0) + usage.output_tokens.unwrap_or(0));
             }
             let line = line.lock().unwrap_or_else(PoisonError::into_inner);
             if let Some(spend) = settlement.spend {
                 crate::metrics::spent(&line.upstream, &model_label, &tenant_label, spend);
+                let served_budget = member_budgets
+                    .contains(&line.upstream)
+                    .then(|| format!("{upstream_budget}{}", line.upstream));
                 for key in std::iter::once(&line.key)
                     .chain(tenant_key.iter())
                     .chain(budgets.iter())
+                    .chain(served_budget.iter())
                 {
                     live.spent(key, spend);
                 }
@@ -466,7 +610,10 @@ pub(crate) async fn metered(
         let admission = Instant::now();
         let (member, mut call) = match sending.admit(&mut attempts, &upstream).await {
             Ok(admitted) => admitted,
-            Err(err) => {
+            Err(NotAdmitted::Budget(refused)) => {
+                return answer(family, refused.kind, &refused.message, refused.retry_after);
+            }
+            Err(NotAdmitted::Gate(err)) => {
                 // Refused for want of time: which window could not pay, by the key's levels.
                 let estimated = attempts.estimated();
                 let gate = attempts.gate();
@@ -514,11 +661,41 @@ pub(crate) async fn metered(
         let request = Request::from_parts(head, Full::new(sent_body));
         call.sending();
         let sent = Instant::now();
-        let response = match deadline {
-            Some(deadline) => {
-                match tokio::time::timeout_at(deadline, upstream.client.request(request)).await {
+        // A member of a pool with another to move to waits for its first byte for its share
+        // of the call's time left (or the pool's attempt_timeout), not all of it: a member
+        // that hangs can't hold the call to its deadline.
+        let pooled = !sending.members.is_empty();
+        let others = if pooled { sending.others(&upstream) } else { 0 };
+        let attempt_deadline = deadline.map(|deadline| {
+            if others == 0 {
+                return deadline;
+            }
+            let left = deadline.saturating_duration_since(sent);
+            let share = sending
+                .attempt_timeout
+                .unwrap_or_else(|| left / u32::try_from(others + 1).unwrap_or(u32::MAX));
+            (sent + share).min(deadline)
+        });
+        let response = match attempt_deadline {
+            Some(until) => {
+                match tokio::time::timeout_at(until, upstream.client.request(request)).await {
                     Ok(response) => response,
-                    Err(_) => return silent_upstream(&upstream),
+                    Err(_) if others > 0 && deadline.is_none_or(|d| Instant::now() < d) => {
+                        // The member said nothing in its time: the call moves on. It went out,
+                        // and its charges at the member stay (its provider may bill it).
+                        upstream.metrics.upstream_timeouts.increment(1);
+                        upstream.metrics.moved.increment(1);
+                        tracing::warn!(upstream = %upstream.name, "a pool member said nothing in its attempt's time; the call moves on");
+                        sending.member_failed(&upstream, false);
+                        drop(call);
+                        continue;
+                    }
+                    Err(_) => {
+                        if pooled {
+                            sending.member_failed(&upstream, false);
+                        }
+                        return silent_upstream(&upstream);
+                    }
                 }
             }
             None => upstream.client.request(request).await,
@@ -526,11 +703,17 @@ pub(crate) async fn metered(
         let response = match response {
             Ok(response) => response,
             Err(err) => {
-                if sending.members.len() > sending.failed.len() + 1 {
+                // Nothing reached the provider: nothing was billed.
+                for budget in call.detach() {
+                    crate::admit::refund(budget).await;
+                }
+                if pooled {
+                    sending.member_failed(&upstream, false);
+                }
+                if sending.members.len() > sending.failed.len() {
                     // Another member may be reachable: this one failed the call.
                     upstream.metrics.upstream_errors.increment(1);
                     upstream.metrics.moved.increment(1);
-                    sending.failed.push(upstream.name.clone());
                     drop(call);
                     continue;
                 }
@@ -563,24 +746,36 @@ pub(crate) async fn metered(
             } else {
                 None
             };
-            match call
+            let verdict = call
                 .respond(head.status, &head.headers, error.as_deref())
-                .await
-            {
-                Verdict::Permanent { .. } => upstream.metrics.upstream_429s_permanent.increment(1),
+                .await;
+            match verdict {
+                Verdict::Permanent { .. } => {
+                    upstream.metrics.upstream_429s_permanent.increment(1);
+                    // Its quota is spent: passed over at once, by every call.
+                    sending.member_failed(&upstream, true);
+                }
                 Verdict::Transient { pause } => {
                     upstream.metrics.upstream_429s_transient.increment(1);
                     if let Some(pause) = pause {
                         shared.live.paused(&key, pause);
+                        let until = crate::tally::unix_ms()
+                            .saturating_add(u64::try_from(pause.as_millis()).unwrap_or(u64::MAX));
+                        shared.owners.record_pause(&key, until, pause).await;
                     }
+                    sending.failed.push(upstream.name.clone());
                 }
-                _ => {}
+                _ => sending.member_failed(&upstream, false),
             }
             if refused {
                 shared.live.upstream_429(&key);
             }
+            // A 429 or an error before the first byte is billed nothing: the member's budget
+            // gets its charge back (its windows keep the request, as its provider counts it).
+            for budget in call.detach() {
+                crate::admit::refund(budget).await;
+            }
             upstream.metrics.moved.increment(1);
-            sending.failed.push(upstream.name.clone());
             drop(call);
             continue;
         }
@@ -608,6 +803,13 @@ pub(crate) async fn metered(
             head.headers.remove(header::CONTENT_LENGTH);
             relayed(head, Relay::full(body))
         };
+        if pooled {
+            if head.status.is_server_error() {
+                sending.member_failed(&upstream, false);
+            } else if head.status != http::StatusCode::TOO_MANY_REQUESTS {
+                upstream.health.served();
+            }
+        }
         match next {
             Next::Deliver(metered) => {
                 let total = started.elapsed();
@@ -634,6 +836,9 @@ pub(crate) async fn metered(
                 upstream.metrics.upstream_429s_transient.increment(1);
                 shared.live.upstream_429(&key);
                 shared.live.paused(&key, delay);
+                let until = crate::tally::unix_ms()
+                    .saturating_add(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX));
+                shared.owners.record_pause(&key, until, delay).await;
                 if sending.members.is_empty() {
                     tokio::time::sleep(delay).await;
                 } else {
@@ -647,6 +852,9 @@ pub(crate) async fn metered(
                 return give_up(head, body, true);
             }
             Next::Refused { body, .. } => {
+                if pooled {
+                    sending.member_failed(&upstream, true);
+                }
                 upstream.metrics.upstream_429s_permanent.increment(1);
                 shared.live.upstream_429(&key);
                 return give_up(head, body, false);

@@ -127,6 +127,8 @@ pub(crate) struct UpstreamMetrics {
     pub(crate) budget_refusals: Counter,
     /// Pool calls moved to another member after a 429 or a 5xx.
     pub(crate) moved: Counter,
+    /// Times the member was ejected from its pool (failures in a row, or a spent quota).
+    pub(crate) ejected: Counter,
 }
 
 impl UpstreamMetrics {
@@ -147,6 +149,7 @@ impl UpstreamMetrics {
             added_seconds: metrics::histogram!("tollgate_proxy_added_seconds", "upstream" => name.to_owned()),
             budget_refusals: named("tollgate_proxy_budget_refusals_total"),
             moved: named("tollgate_proxy_pool_moves_total"),
+            ejected: named("tollgate_proxy_pool_ejections_total"),
         }
     }
 }

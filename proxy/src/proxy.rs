@@ -49,12 +49,42 @@ pub(crate) async fn handle(
             "request",
         );
     }
-    let (parts, body) = response.into_parts();
-    Response::from_parts(parts, body.holding(in_flight))
+    // Nothing the organisation holds reaches a client: an upstream that echoes the real key
+    // (in a header, an error, a stream) has it masked on the way.
+    let (mut parts, body) = response.into_parts();
+    crate::relay::mask_headers(&shared.secrets, &mut parts.headers);
+    Response::from_parts(parts, body.holding(in_flight).scrubbing(&shared.secrets))
+}
+
+/// Whether a request may read `/metrics` on the clients' listener: only with the configured
+/// token (compared by hash, in no time that depends on how much of it matched). Without a
+/// token configured, `/metrics` is the admin listener's alone.
+fn may_read_metrics(shared: &Shared, headers: &http::HeaderMap) -> bool {
+    use sha2::{Digest, Sha256};
+    let Some(token) = &shared.config.metrics_token else {
+        return false;
+    };
+    let Ok(Some(given)) = crate::tenant::presented_key(headers) else {
+        return false;
+    };
+    Sha256::digest(given.as_bytes()) == Sha256::digest(token.as_bytes())
+}
+
+/// `/metrics` as Prometheus reads it.
+pub(crate) async fn metrics_page(shared: &Shared) -> (Bytes, HeaderValue) {
+    shared.record_levels().await;
+    (
+        Bytes::from(shared.metrics.render()),
+        HeaderValue::from_static("text/plain; version=0.0.4"),
+    )
 }
 
 /// The service paths: liveness, readiness, metrics.
-async fn service(shared: &Shared, path: &str) -> Option<Response<Relay>> {
+async fn service(
+    shared: &Shared,
+    path: &str,
+    headers: &http::HeaderMap,
+) -> Option<Response<Relay>> {
     let draining = shared.draining.load(Ordering::Relaxed);
     let plain = |status: StatusCode, text: &'static str| {
         let mut response = Response::new(Relay::full(Bytes::from_static(text.as_bytes())));
@@ -77,15 +107,19 @@ async fn service(shared: &Shared, path: &str) -> Option<Response<Relay>> {
                 "the store can't be reached\n",
             )
         }),
-        "/metrics" => {
-            shared.record_levels().await;
-            let mut response = Response::new(Relay::full(Bytes::from(shared.metrics.render())));
-            response.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; version=0.0.4"),
-            );
+        // Every tenant's name, spend and levels: for operators only.
+        "/metrics" if may_read_metrics(shared, headers) => {
+            let (text, content_type) = metrics_page(shared).await;
+            let mut response = Response::new(Relay::full(text));
+            response
+                .headers_mut()
+                .insert(header::CONTENT_TYPE, content_type);
             Some(response)
         }
+        "/metrics" => Some(plain(
+            StatusCode::NOT_FOUND,
+            "not here: /metrics is served on admin_listen, or here with the token metrics_token_env names\n",
+        )),
         _ => None,
     }
 }
@@ -119,7 +153,7 @@ async fn serve(
     shared: &Arc<Shared>,
     request: Request<Incoming>,
 ) -> (Response<Relay>, Option<String>, &'static str) {
-    if let Some(response) = service(shared, request.uri().path()).await {
+    if let Some(response) = service(shared, request.uri().path(), request.headers()).await {
         return (response, None, "service");
     }
     let path_and_query = request
@@ -227,6 +261,33 @@ async fn serve(
         }
     };
     let client = parts.clone();
+    // The stored objects the call names must be its tenant's (a metered body is checked as
+    // the gate decodes it, below).
+    let object_path =
+        route::normalize(path_and_query.split('?').next().unwrap_or("/")).unwrap_or_default();
+    let mut creates = false;
+    if let Some(tenant) = tenant.as_ref()
+        && route.kind != route::RouteKind::Metered
+    {
+        let encoded = parts
+            .headers
+            .get(header::CONTENT_ENCODING)
+            .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
+        if encoded && !body.is_empty() {
+            return (
+                local(
+                    ErrorKind::UnsupportedEncoding,
+                    "tollgate-proxy: with tenants, a body on this path is read as sent: send it without content-encoding",
+                ),
+                name,
+                route.name,
+            );
+        }
+        match owned(shared, tenant, family, &parts.method, &object_path, &body).await {
+            Ok(create) => creates = create,
+            Err(refused) => return (refused, name, route.name),
+        }
+    }
     let Some(mut parts) = upstream_head(shared, &upstream, parts, &route.path) else {
         return (
             local(
@@ -250,6 +311,15 @@ async fn serve(
             parts.headers.remove(header::ACCEPT_ENCODING);
             match prepare(shared, &upstream, tenant.as_ref(), &parts, &body).await {
                 Ok(prepared) => {
+                    if let Some(tenant) = tenant.as_ref() {
+                        let read = prepared.attempts.estimated().body().unwrap_or(&body);
+                        match owned(shared, tenant, family, &parts.method, &object_path, read).await
+                        {
+                            Ok(create) => creates = create,
+                            // Nothing was sent: the tenant's charges come back.
+                            Err(refused) => return (refused, name, route.name),
+                        }
+                    }
                     metered(
                         shared,
                         Arc::clone(&upstream),
@@ -266,7 +336,71 @@ async fn serve(
             }
         }
     };
+    let response = match (creates, tenant) {
+        (true, Some(tenant)) if response.status().is_success() => {
+            let (parts, body) = response.into_parts();
+            Response::from_parts(
+                parts,
+                body.catching(Arc::clone(&shared.owners), tenant.name),
+            )
+        }
+        _ => response,
+    };
     (response, name, route.name)
+}
+
+/// Whether `tenant` may make this call, as far as stored objects go: every object it names
+/// (in its path or its body) must be the tenant's, and it may not list the organisation's.
+/// Answers whether the call may create objects (their ids are then recorded as the tenant's).
+async fn owned(
+    shared: &Shared,
+    tenant: &crate::tenant::Tenant,
+    family: Family,
+    method: &http::Method,
+    path: &str,
+    body: &[u8],
+) -> Result<bool, Response<Relay>> {
+    let value: serde_json::Value = if body.is_empty() {
+        serde_json::Value::Null
+    } else {
+        serde_json::from_slice(body).unwrap_or(serde_json::Value::Null)
+    };
+    let touches = crate::owners::touches(method, path, &value);
+    if touches.lists {
+        return Err(answer(
+            family,
+            ErrorKind::Forbidden,
+            "tollgate-proxy: listing stored objects is refused here: the organisation's list holds every tenant's; keep the ids your calls create",
+            None,
+        ));
+    }
+    for id in &touches.names {
+        match shared.owners.owner(id).await {
+            Ok(Some(owner)) if owner == tenant.name => {}
+            Ok(_) => {
+                return Err(answer(
+                    family,
+                    ErrorKind::NoSuchObject,
+                    &format!(
+                        "No object found with id '{}'.",
+                        crate::answer::printable(id)
+                    ),
+                    None,
+                ));
+            }
+            Err(err) => {
+                shared.proxy_metrics.store_errors.increment(1);
+                tracing::warn!(error = %err, "the owner of a stored object could not be read");
+                return Err(answer(
+                    family,
+                    ErrorKind::Unavailable,
+                    "tollgate-proxy: the store can't be reached; nothing was sent",
+                    None,
+                ));
+            }
+        }
+    }
+    Ok(touches.creates)
 }
 
 fn too_large(most: usize) -> String {

@@ -8,6 +8,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
@@ -24,6 +26,20 @@ pub struct Relay {
     /// What the body keeps alive until the client is done with it (the connection's count of
     /// requests in flight).
     held: Option<Box<dyn Send + Sync>>,
+    /// Takes the organisation's secrets out of what the client reads.
+    scrub: Option<Scrubber>,
+    /// Records the owner of the objects the answer creates, before the client reads their ids.
+    catch: Option<Catch>,
+}
+
+/// What a [`Relay`] needs to record the owner of the ids an answer carries.
+struct Catch {
+    catcher: crate::owners::IdCatcher,
+    owners: Arc<crate::owners::Owners>,
+    tenant: String,
+    /// The recording under way (Sync for bodies that must be), and the frame it holds back.
+    recording: std::sync::Mutex<Option<Pin<Box<dyn std::future::Future<Output = ()> + Send>>>>,
+    held: Option<Frame<Bytes>>,
 }
 
 enum Inner {
@@ -45,6 +61,8 @@ impl Relay {
         Relay {
             inner: Inner::Full(Some(bytes)),
             held: None,
+            scrub: None,
+            catch: None,
         }
     }
 
@@ -54,6 +72,8 @@ impl Relay {
         Relay {
             inner: Inner::Plain(Watched::new(Gapped::new(body, gap, stalled), unread)),
             held: None,
+            scrub: None,
+            catch: None,
         }
     }
 
@@ -72,6 +92,8 @@ impl Relay {
                 ended: false,
             },
             held: None,
+            scrub: None,
+            catch: None,
         }
     }
 
@@ -79,6 +101,41 @@ impl Relay {
     pub(crate) fn holding(mut self, held: Box<dyn Send + Sync>) -> Relay {
         self.held = Some(held);
         self
+    }
+
+    /// Masks every occurrence of `secrets` in the body the client reads (see [`Scrubber`]).
+    pub(crate) fn scrubbing(mut self, secrets: &Arc<Secrets>) -> Relay {
+        if !secrets.is_empty() {
+            self.scrub = Some(Scrubber::new(Arc::clone(secrets)));
+        }
+        self
+    }
+
+    /// Records `tenant` as the owner of the objects whose ids this answer carries (read from
+    /// its start), each before the frame that shows it goes to the client.
+    pub(crate) fn catching(mut self, owners: Arc<crate::owners::Owners>, tenant: String) -> Relay {
+        self.catch = Some(Catch {
+            catcher: crate::owners::IdCatcher::default(),
+            owners,
+            tenant,
+            recording: std::sync::Mutex::new(None),
+            held: None,
+        });
+        self
+    }
+
+    fn poll_inner(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match &mut self.inner {
+            Inner::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            Inner::Plain(body) => Pin::new(body).poll_frame(cx),
+            Inner::Metered { body, ended, .. } => {
+                let polled = Pin::new(body).poll_frame(cx);
+                if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+                    *ended = true;
+                }
+                polled
+            }
+        }
     }
 }
 
@@ -91,20 +148,112 @@ impl Body for Relay {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        match &mut this.inner {
-            Inner::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-            Inner::Plain(body) => Pin::new(body).poll_frame(cx),
-            Inner::Metered { body, ended, .. } => {
-                let polled = Pin::new(body).poll_frame(cx);
-                if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
-                    *ended = true;
+        let Some(catch) = this.catch.as_mut() else {
+            return this.poll_scrubbed(cx);
+        };
+        let recording = catch
+            .recording
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(future) = recording.as_mut() {
+            match future.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    *recording = None;
+                    if let Some(frame) = catch.held.take() {
+                        return Poll::Ready(Some(Ok(frame)));
+                    }
                 }
-                polled
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        let polled = this.poll_scrubbed(cx);
+        let (Some(catch), Poll::Ready(Some(Ok(frame)))) = (this.catch.as_mut(), &polled) else {
+            return polled;
+        };
+        let Some(data) = frame.data_ref() else {
+            return polled;
+        };
+        let ids = catch.catcher.feed(data);
+        if ids.is_empty() {
+            return polled;
+        }
+        let (owners, tenant) = (Arc::clone(&catch.owners), catch.tenant.clone());
+        let mut future: Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
+            Box::pin(async move {
+                for id in ids {
+                    owners.record(&id, &tenant).await;
+                }
+            });
+        let Poll::Ready(Some(Ok(frame))) = polled else {
+            return polled;
+        };
+        match future.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Some(Ok(frame))),
+            Poll::Pending => {
+                catch.held = Some(frame);
+                *catch
+                    .recording
+                    .get_mut()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(future);
+                Poll::Pending
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
+        if self.catch.as_ref().is_some_and(|c| c.held.is_some()) {
+            return false;
+        }
+        self.scrubbed_end()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner_size_hint()
+    }
+}
+
+impl Relay {
+    fn poll_scrubbed(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self;
+        if this.scrub.is_none() {
+            return this.poll_inner(cx);
+        }
+        loop {
+            let polled = this.poll_inner(cx);
+            let Some(scrub) = this.scrub.as_mut() else {
+                return polled;
+            };
+            match polled {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => {
+                        let out = scrub.feed(&data);
+                        // Held back whole (the start of a secret, perhaps): read on.
+                        if out.is_empty() && !data.is_empty() {
+                            continue;
+                        }
+                        return Poll::Ready(Some(Ok(Frame::data(out))));
+                    }
+                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                },
+                Poll::Ready(None) => {
+                    let rest = scrub.flush();
+                    if rest.is_empty() {
+                        return Poll::Ready(None);
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(rest))));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn scrubbed_end(&self) -> bool {
+        if self.scrub.as_ref().is_some_and(|s| !s.pending.is_empty()) {
+            return false;
+        }
         match &self.inner {
             Inner::Full(bytes) => bytes.is_none(),
             Inner::Plain(body) => body.is_end_stream(),
@@ -112,7 +261,7 @@ impl Body for Relay {
         }
     }
 
-    fn size_hint(&self) -> SizeHint {
+    fn inner_size_hint(&self) -> SizeHint {
         match &self.inner {
             Inner::Full(Some(bytes)) => SizeHint::with_exact(bytes.len() as u64),
             Inner::Full(None) => SizeHint::with_exact(0),
@@ -355,5 +504,117 @@ where
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .as_ref()
             .map_or_else(SizeHint::default, Body::size_hint)
+    }
+}
+
+/// The organisation's secrets (the upstreams' real keys, the header tenants' shared secret),
+/// as they may appear in what an upstream sends back.
+pub(crate) type Secrets = Vec<Vec<u8>>;
+
+/// Masks the organisation's secrets in a body as it passes, whatever its frames: each
+/// occurrence is overwritten with `[redacted]` and stars to its length (so a `content-length`
+/// stays true), and the end of a frame that could begin one is held back until the next frame
+/// says (at most a secret's length, and only while it could be one).
+pub(crate) struct Scrubber {
+    secrets: Arc<Secrets>,
+    pending: Vec<u8>,
+}
+
+impl Scrubber {
+    pub(crate) fn new(secrets: Arc<Secrets>) -> Scrubber {
+        Scrubber {
+            secrets,
+            pending: Vec::new(),
+        }
+    }
+
+    /// Takes `data`: what can be handed on now, masked.
+    pub(crate) fn feed(&mut self, data: &[u8]) -> Bytes {
+        self.pending.extend_from_slice(data);
+        mask(&self.secrets, &mut self.pending);
+        // Hold back the longest end that begins a secret.
+        let hold = self
+            .secrets
+            .iter()
+            .map(|secret| {
+                (1..secret.len().min(self.pending.len() + 1))
+                    .rev()
+                    .find(|n| self.pending.ends_with(&secret[..*n]))
+                    .unwrap_or(0)
+            })
+            .max()
+            .unwrap_or(0);
+        let out = self.pending.len() - hold;
+        let rest = self.pending.split_off(out);
+        Bytes::from(std::mem::replace(&mut self.pending, rest))
+    }
+
+    /// What is held back, at the end.
+    pub(crate) fn flush(&mut self) -> Bytes {
+        Bytes::from(std::mem::take(&mut self.pending))
+    }
+}
+
+/// Overwrites every occurrence of each secret in `bytes`.
+pub(crate) fn mask(secrets: &Secrets, bytes: &mut [u8]) -> bool {
+    let mut found = false;
+    for secret in secrets {
+        if secret.is_empty() || secret.len() > bytes.len() {
+            continue;
+        }
+        let mut i = 0;
+        while i + secret.len() <= bytes.len() {
+            if bytes[i..i + secret.len()] == secret[..] {
+                let shown = b"[redacted]";
+                for (j, b) in bytes[i..i + secret.len()].iter_mut().enumerate() {
+                    *b = shown.get(j).copied().unwrap_or(b'*');
+                }
+                found = true;
+                i += secret.len();
+            } else {
+                i += 1;
+            }
+        }
+    }
+    found
+}
+
+/// Masks the secrets in every header value.
+pub(crate) fn mask_headers(secrets: &Secrets, headers: &mut http::HeaderMap) {
+    if secrets.is_empty() {
+        return;
+    }
+    for value in headers.values_mut() {
+        let mut bytes = value.as_bytes().to_vec();
+        if mask(secrets, &mut bytes)
+            && let Ok(masked) = http::HeaderValue::from_bytes(&bytes)
+        {
+            *value = masked;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_secret_is_masked_whatever_frames_it_comes_in() {
+        let secrets = Arc::new(vec![b"sk-secret-123".to_vec()]);
+        let text = b"data: {\"echo\":\"Bearer sk-secret-123\"}\n\nsk-secret-12";
+        for cut in 1..text.len() {
+            let mut scrubber = Scrubber::new(Arc::clone(&secrets));
+            let mut out = Vec::new();
+            for piece in text.chunks(cut) {
+                out.extend_from_slice(&scrubber.feed(piece));
+            }
+            out.extend_from_slice(&scrubber.flush());
+            assert_eq!(out.len(), text.len());
+            let out = String::from_utf8(out).unwrap();
+            assert!(!out.contains("sk-secret-123"), "{cut}: {out}");
+            assert!(out.contains("Bearer [redacted]***"), "{cut}: {out}");
+            // A partial secret at the end is not the secret: handed on as it came.
+            assert!(out.ends_with("sk-secret-12"), "{cut}: {out}");
+        }
     }
 }

@@ -55,6 +55,8 @@ pub(crate) struct ReadyUpstream {
     /// way to its line (which the store's wait can't count) or in it (which it counts too, so
     /// a long line weighs double; the pool compares members alike, so the shorter still wins).
     pub(crate) choosing: std::sync::atomic::AtomicU64,
+    /// Its record of failures, for a pool's outlier ejection.
+    pub(crate) health: crate::health::Health,
 }
 
 /// Everything the requests share.
@@ -86,6 +88,12 @@ pub(crate) struct Shared {
     pub(crate) next_member: std::sync::atomic::AtomicUsize,
     /// What outlives a reload.
     pub(crate) lasting: Arc<Lasting>,
+    /// The organisation's secrets, masked in everything a client reads.
+    pub(crate) secrets: Arc<crate::relay::Secrets>,
+    /// Who owns each stored object.
+    pub(crate) owners: Arc<crate::owners::Owners>,
+    /// What calls with inputs the proxy can't see were billed.
+    pub(crate) hidden: Arc<crate::hidden::Hidden>,
     /// Which configuration this is (0: the first), in [`Lasting::history`].
     generation: usize,
     /// The keys whose levels were carried over into this configuration already.
@@ -108,6 +116,10 @@ pub(crate) struct Lasting {
     drain_started: Arc<tokio::sync::Notify>,
     metrics: Metrics,
     proxy_metrics: ProxyMetrics,
+    /// Who owns each stored object (`owners.rs`).
+    owners: Arc<crate::owners::Owners>,
+    /// What calls with inputs the proxy can't see were billed (`hidden.rs`).
+    hidden: Arc<crate::hidden::Hidden>,
     /// The configuration the process started with: a key whose limits differ from what they
     /// were in it is stored as `{key}@{limits}` (a store keeps one set of limits per key).
     base: Config,
@@ -117,7 +129,11 @@ pub(crate) struct Lasting {
 
 impl Lasting {
     /// From the configuration the process starts with, over `store`.
-    pub(crate) fn new(config: &Config, store: tollgate::store::AnyStore) -> Lasting {
+    pub(crate) fn new(
+        config: &Config,
+        store: tollgate::store::AnyStore,
+        records: Option<tollgate::store::redis::RedisStore>,
+    ) -> Lasting {
         // The recorder first: the counters made below must be its.
         let metrics = Metrics::new();
         let proxy_metrics = ProxyMetrics::new();
@@ -157,6 +173,11 @@ impl Lasting {
             drain_started: Arc::new(tokio::sync::Notify::new()),
             metrics,
             proxy_metrics,
+            hidden: Arc::default(),
+            owners: Arc::new(match records {
+                Some(redis) => crate::owners::Owners::Redis(redis),
+                None => crate::owners::Owners::Memory(std::sync::Mutex::default()),
+            }),
             base: config.clone(),
             history: Mutex::new(vec![config.clone()]),
         }
@@ -236,7 +257,7 @@ impl std::fmt::Display for ReloadError {
         write!(
             f,
             "reload refused, the configuration in force stays: {}",
-            self.0.join("; ")
+            crate::config::masked(&self.0.join("; "))
         )
     }
 }
@@ -292,8 +313,8 @@ impl Current {
             tracing::warn!(kept = ?kept, "reload: these take a restart to change; kept as they were");
         }
         let generation = old.generation + 1;
-        let shared =
-            Shared::new(&config, &old.lasting, generation).map_err(|e| ReloadError(vec![e.0]))?;
+        let shared = Shared::new(&config, &old.lasting, generation)
+            .map_err(|e| ReloadError(vec![crate::config::masked(&e.0)]))?;
         old.lasting
             .history
             .lock()
@@ -312,7 +333,7 @@ pub struct StartError(pub String);
 
 impl std::fmt::Display for StartError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&crate::config::masked(&self.0))
     }
 }
 
@@ -408,12 +429,13 @@ fn with_models(upstream: &Upstream, profile: Profile) -> Profile {
     }
     let mut table: Vec<Model> = profile.model_table().to_vec();
     for m in &upstream.models {
-        let known = profile.model(&m.name).cloned();
+        let serves = m.model.as_deref().unwrap_or(&m.name);
+        let known = profile.model(serves).cloned();
         let max_output = m
             .max_output
             .or(known.as_ref().map(|k| k.max_output))
             .unwrap_or_else(|| profile.output_without_max_tokens(None));
-        let price = m.price.or_else(|| profile.price_of(&m.name));
+        let price = m.price.or_else(|| profile.price_of(serves));
         for name in std::iter::once(&m.name).chain(&m.aliases) {
             table.retain(|entry| entry.name != name.as_str());
             table.push(Model::new(name.clone(), max_output, price));
@@ -458,10 +480,17 @@ impl Shared {
         lasting: &Arc<Lasting>,
         generation: usize,
     ) -> Result<Shared, StartError> {
+        for warning in config.warnings() {
+            tracing::warn!("{warning}");
+        }
         let tenancy = Tenancy::new(&config.tenants);
         let registry = Arc::clone(&lasting.registry);
         let naming = Arc::new((lasting.base.clone(), config.clone()));
         let mut upstreams = Vec::new();
+        let mut secrets: crate::relay::Secrets = Vec::new();
+        if let Some(secret) = &config.tenants.header_secret {
+            secrets.push(secret.as_bytes().to_vec());
+        }
         for u in &config.upstreams {
             let profile = with_models(u, u.library_profile().map_err(StartError)?);
             let builder = Gate::builder(profile.clone())
@@ -495,6 +524,10 @@ impl Shared {
                             "the environment variable {var} (api_key_env) is not set"
                         ))
                     })?;
+                    // A key too short to be one would mask half of every answer.
+                    if key.len() >= 8 && !secrets.iter().any(|s| s == key.as_bytes()) {
+                        secrets.push(key.as_bytes().to_vec());
+                    }
                     let (name, value) = match u.family() {
                         Family::Anthropic => (HeaderName::from_static("x-api-key"), key),
                         Family::Azure => (HeaderName::from_static("api-key"), key),
@@ -533,6 +566,7 @@ impl Shared {
                 metrics: UpstreamMetrics::new(&u.name),
                 keys: Mutex::new(HashSet::new()),
                 choosing: std::sync::atomic::AtomicU64::new(0),
+                health: crate::health::Health::default(),
             }));
         }
         let tenant_header = match &config.tenants.from {
@@ -559,6 +593,9 @@ impl Shared {
             config: config.clone(),
             next_member: std::sync::atomic::AtomicUsize::new(0),
             lasting: Arc::clone(lasting),
+            secrets: Arc::new(secrets),
+            owners: Arc::clone(&lasting.owners),
+            hidden: Arc::clone(&lasting.hidden),
             generation,
             carried: Mutex::new(HashSet::new()),
         })

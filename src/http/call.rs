@@ -42,6 +42,9 @@ pub struct Call {
     model: Option<String>,
     /// Its model's price, for spend budgets.
     price: Option<super::models::Price>,
+    /// Its server-side tools' fees, in micro-dollars, as reserved; and the dearest of one call.
+    fees: u64,
+    fee_each: u64,
     /// The body to send in place of the caller's, when the gate changed it.
     send: Option<Bytes>,
     usage_added: bool,
@@ -128,6 +131,8 @@ impl Call {
             model_most: estimated.model_most,
             model: estimated.model.clone(),
             price: estimated.price,
+            fees: estimated.fees,
+            fee_each: estimated.fee_each,
             send: estimated.send.clone(),
             usage_added: estimated.usage_added,
             extras: Vec::new(),
@@ -566,6 +571,7 @@ impl Call {
             && let Some(price) = self.price.as_mut()
         {
             *price = super::models::Price::default();
+            self.fees = 0;
         }
         // An input count that is missing or can't be read (`null`, `1e30`, `NaN`) is the
         // estimate, never nothing (unless a total stands for it).
@@ -599,7 +605,10 @@ impl Call {
             }
         }
         let cut = self.cut;
-        let spend = self.price.map(|price| price.billed(&reported));
+        let fees = self.fees_billed(&reported);
+        let spend = self
+            .price
+            .map(|price| price.billed(&reported).saturating_add(fees));
         self.tell(Settlement {
             charged,
             usage: usage_settled,
@@ -617,6 +626,12 @@ impl Call {
     /// generated, as far as anyone saw.
     pub async fn finish_cut(mut self, reported: Reported) -> Result<Usage, Error> {
         self.sent.get_or_insert_with(Instant::now);
+        // An error answer is billed nothing whether or not its body was read to its end (a
+        // server writes an error's last byte, and its client stops reading there, before the
+        // body reports its end): settled as a whole one, its price goes back to every budget.
+        if self.errored && reported.output.is_none() && reported.total.is_none() {
+            return self.finish(reported).await;
+        }
         let seen = reported
             .output
             .unwrap_or(0)
@@ -625,9 +640,11 @@ impl Call {
         if seen <= self.reserved_charged() {
             // Dropped after sending: every window keeps what it was charged.
             let charged = self.cost();
-            let spend = self
-                .price
-                .map(|price| price.estimate(self.input, self.most_output.max(seen)));
+            let spend = self.price.map(|price| {
+                price
+                    .estimate(self.input, self.most_output.max(seen))
+                    .saturating_add(self.fees)
+            });
             self.tell(Settlement {
                 charged,
                 reported,
@@ -705,9 +722,24 @@ impl Call {
         if !limits.spend().is_empty()
             && let Some(price) = self.price
         {
-            usage = usage.with_spend(price.billed(reported));
+            usage = usage.with_spend(
+                price
+                    .billed(reported)
+                    .saturating_add(self.fees_billed(reported)),
+            );
         }
         (usage, clamped)
+    }
+}
+
+impl Call {
+    /// What its server-side tools cost: the calls the answer reports at the dearest fee of the
+    /// request's tools, or what was reserved when it reports none.
+    fn fees_billed(&self, reported: &Reported) -> u64 {
+        match reported.tool_calls {
+            Some(calls) if self.fees > 0 => self.fee_each.saturating_mul(calls),
+            _ => self.fees,
+        }
     }
 }
 

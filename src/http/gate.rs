@@ -548,9 +548,18 @@ impl Gate {
             let estimator = &self.inner.estimator;
             let above = self.inner.off_worker_above;
             let value = &read.value;
+            // Images at the request's model's own rule (gpt-4o-mini bills a tile 33 times
+            // what gpt-4o does), else the estimator's.
+            let billing = match model
+                .as_deref()
+                .and_then(tollgate_estimators::ImageRule::for_model)
+            {
+                Some(rule) => tollgate_estimators::Billing::default().image_rule(rule),
+                None => tollgate_estimators::Billing::default(),
+            };
             let estimate =
                 crate::counting::count(above, tollgate_estimators::text_len(value), || {
-                    tollgate_estimators::estimate(&**estimator, value)
+                    tollgate_estimators::estimate_with(&**estimator, value, &billing)
                 })?;
             (estimate.input_tokens, estimate.reserved_output)
         };
@@ -580,9 +589,22 @@ impl Gate {
             .profile
             .output_without_max_tokens(model.as_deref())
             .saturating_mul(copies);
-        let price = model
-            .as_deref()
-            .and_then(|m| self.inner.profile.price_of(m));
+        // Azure bills a deployment at the model it serves, whatever the body's `model` says:
+        // priced by the deployment's name (a table entry the caller gives it), never the body's.
+        let deployment = (self.inner.profile.name == "azure-openai")
+            .then(|| {
+                let at = path.find("/openai/deployments/")?;
+                let rest = &path[at + "/openai/deployments/".len()..];
+                rest.split('/').next().filter(|name| !name.is_empty())
+            })
+            .flatten();
+        let price = match deployment {
+            Some(deployment) => self.inner.profile.price_of(deployment),
+            None => model
+                .as_deref()
+                .and_then(|m| self.inner.profile.price_of(m)),
+        };
+        let (fees, fee_each) = tool_fees(&self.inner.profile, &read.value);
         Ok(Estimated {
             key,
             model,
@@ -594,6 +616,9 @@ impl Gate {
             send: with_usage.or(read.decoded),
             usage_added,
             price,
+            unseen: 0,
+            fees,
+            fee_each,
         })
     }
 
@@ -638,9 +663,55 @@ impl Gate {
         // The whole reservation, asked for or not: a call without max_tokens may write its
         // model's most output, and a budget too small for that refuses it (cut to the
         // budget's size, one such call had spent sixteen days of a small budget at once).
-        let spend = price.estimate(input, output.max(estimated.output));
+        let spend = price
+            .estimate(
+                input.saturating_add(estimated.unseen),
+                output.max(estimated.output),
+            )
+            .saturating_add(estimated.fees);
         Ok(cost.with_spend(spend))
     }
+}
+
+/// How many calls of a server-side tool a request is taken to make when it names no bound
+/// (`max_uses` on the tool, Anthropic's; `max_tool_calls`, OpenAI's).
+pub(crate) const TOOL_CALLS_UNBOUNDED: u64 = 5;
+
+/// The fees of the server-side tools a request declares, in micro-dollars: each priced tool's
+/// fee times the calls it may make (its `max_uses`, the request's `max_tool_calls`, else
+/// [`TOOL_CALLS_UNBOUNDED`]); a chat call's `web_search_options`, one search. And the dearest
+/// fee of one call, what each call the answer reports is settled at.
+fn tool_fees(profile: &super::Profile, value: &Value) -> (u64, u64) {
+    let bound = value.get("max_tool_calls").and_then(count_of);
+    let mut fees: u64 = 0;
+    let mut each: u64 = 0;
+    if let Some(tools) = value.get("tools").and_then(Value::as_array) {
+        for tool in tools.iter().take(1_000) {
+            let Some(kind) = tool.get("type").and_then(Value::as_str) else {
+                continue;
+            };
+            let Some(fee) = profile.tool_fee(kind) else {
+                continue;
+            };
+            let calls = tool
+                .get("max_uses")
+                .and_then(count_of)
+                .or(bound)
+                .unwrap_or(TOOL_CALLS_UNBOUNDED)
+                .clamp(1, 10_000);
+            fees = fees.saturating_add(fee.saturating_mul(calls));
+            each = each.max(fee);
+        }
+    }
+    if value
+        .get("web_search_options")
+        .is_some_and(|o| !o.is_null())
+        && let Some(fee) = profile.tool_fee("web_search_options")
+    {
+        fees = fees.saturating_add(fee);
+        each = each.max(fee);
+    }
+    (fees, each)
 }
 
 /// The fields that name the output a request may write.
@@ -705,6 +776,13 @@ pub struct Estimated {
     pub(super) usage_added: bool,
     /// Its model's price, when the profile's table knows it.
     pub(super) price: Option<super::models::Price>,
+    /// Input the provider adds that the request doesn't show, priced into a budget's
+    /// reservation only (see [`Estimated::with_unseen_input`]).
+    pub(super) unseen: u64,
+    /// The fees of the server-side tools it declares, in micro-dollars.
+    pub(super) fees: u64,
+    /// The dearest fee of one of its tools' calls.
+    pub(super) fee_each: u64,
 }
 
 impl Estimated {
@@ -732,6 +810,23 @@ impl Estimated {
     /// True when the request asked for a stream.
     pub fn is_stream(&self) -> bool {
         self.stream
+    }
+
+    /// Input the provider will add that the request doesn't show (a previous response, a file
+    /// by id or by URL, what a search finds), reserved from a spend budget beside the input
+    /// estimated: `tokens` at the model's input price. Token windows are not charged it (they
+    /// settle with the usage); the call settles its bill as reported.
+    pub fn with_unseen_input(mut self, tokens: u64) -> Estimated {
+        self.unseen = tokens;
+        self
+    }
+
+    /// The fees of the server-side tools the request declares (web search, file search, code
+    /// execution), in micro-dollars, from the profile's table: reserved from a spend budget, and
+    /// settled at the calls the answer reports (`Reported::tool_calls`, each at the dearest fee
+    /// of the request's tools), or as reserved when it reports none.
+    pub fn tool_fees(&self) -> u64 {
+        self.fees
     }
 
     /// The body to send in place of the caller's, when the gate changed it: decoded from its

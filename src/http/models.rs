@@ -170,6 +170,53 @@ pub(crate) fn find_priced<'t>(table: &'t [Model], model: &str) -> Option<&'t Mod
         .max_by_key(|entry| entry.name.len())
 }
 
+/// What one call of a server-side tool costs, in micro-dollars, beside the tokens it adds:
+/// the provider bills it per call (a search), and the request can't show how many calls the
+/// model will make.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolFee {
+    /// The tool's `type` in a request's `tools` (a prefix: `web_search` also prices
+    /// `web_search_preview` and `web_search_20250305`, unless one of those has its own entry).
+    pub tool: Cow<'static, str>,
+    /// Micro-dollars per call (`$10` a thousand searches is `10_000`).
+    pub per_call: u64,
+}
+
+const fn fee(tool: &'static str, per_call: u64) -> ToolFee {
+    ToolFee {
+        tool: Cow::Borrowed(tool),
+        per_call,
+    }
+}
+
+/// OpenAI's built-in tools: web search $10 a thousand calls ($25 for the preview tool and the
+/// search models' `web_search_options`), file search $2.50 a thousand, a code interpreter
+/// container $0.03.
+pub fn openai_tool_fees() -> Vec<ToolFee> {
+    vec![
+        fee("web_search", 10_000),
+        fee("web_search_preview", 25_000),
+        fee("web_search_options", 25_000),
+        fee("file_search", 2_500),
+        fee("code_interpreter", 30_000),
+    ]
+}
+
+/// Anthropic's server tools: web search $10 a thousand searches; code execution $0.05 an hour,
+/// billed at least five minutes a call (about $0.0042). Web fetch bills only its tokens.
+pub fn anthropic_tool_fees() -> Vec<ToolFee> {
+    vec![fee("web_search", 10_000), fee("code_execution", 4_167)]
+}
+
+/// The fee of `tool` in `table`: its own entry, else the longest entry it starts with.
+pub(crate) fn tool_fee(table: &[ToolFee], tool: &str) -> Option<u64> {
+    table
+        .iter()
+        .filter(|entry| tool.starts_with(entry.tool.as_ref()))
+        .max_by_key(|entry| entry.tool.len())
+        .map(|entry| entry.per_call)
+}
+
 /// OpenAI's models (standard tier).
 pub fn openai() -> Vec<Model> {
     vec![

@@ -117,6 +117,8 @@ pub struct Profile {
     pub(crate) permanent_without_retry_after: bool,
     pub(crate) rounding: u64,
     pub(crate) models: Vec<Model>,
+    /// Server-side tools' fees per call.
+    pub(crate) tool_fees: Vec<models::ToolFee>,
     pub(crate) default_output: u64,
     pub(crate) stream_usage: bool,
     pub(crate) refusal_costs: Currencies,
@@ -174,6 +176,7 @@ impl Profile {
             permanent_without_retry_after: false,
             rounding: 0,
             models: models::openai(),
+            tool_fees: models::openai_tool_fees(),
             default_output: DEFAULT_OUTPUT,
             stream_usage: true,
             refusal_costs: REFUSAL_COSTS,
@@ -223,6 +226,7 @@ impl Profile {
             permanent_without_retry_after: true,
             rounding: 1_000,
             models: models::anthropic(),
+            tool_fees: models::anthropic_tool_fees(),
             default_output: DEFAULT_OUTPUT,
             stream_usage: false,
             refusal_costs: REFUSAL_COSTS,
@@ -407,6 +411,20 @@ impl Profile {
     /// snapshot of (see [`models`]); `None` for a name the table doesn't price.
     pub fn price_of(&self, model: &str) -> Option<Price> {
         models::find_priced(&self.models, model).and_then(|m| m.price)
+    }
+
+    /// What one call of the server-side tool `tool` (a request's `tools[].type`) costs, in
+    /// micro-dollars, from the profile's table ([`models::openai_tool_fees`],
+    /// [`models::anthropic_tool_fees`]); `None`: the tool bills only its tokens, or is the
+    /// caller's own.
+    pub fn tool_fee(&self, tool: &str) -> Option<u64> {
+        models::tool_fee(&self.tool_fees, tool)
+    }
+
+    /// The fees of server-side tools, replacing the table's.
+    pub fn tool_fees(mut self, fees: Vec<models::ToolFee>) -> Profile {
+        self.tool_fees = fees;
+        self
     }
 
     /// What a call that names no `max_tokens` reserves for its output: its model's most

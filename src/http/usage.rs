@@ -30,6 +30,10 @@ pub struct Reported {
     /// arguments, reasoning, refusals, transcripts), when a scanner was given an estimator:
     /// what settles a response that reported no output count.
     pub generated: Option<u64>,
+    /// The calls of server-side tools the answer reports: Anthropic's
+    /// `usage.server_tool_use.web_search_requests`, the responses API's `web_search_call`,
+    /// `file_search_call` and `code_interpreter_call` output items. What their fees settle at.
+    pub tool_calls: Option<u64>,
 }
 
 impl Reported {
@@ -78,6 +82,13 @@ impl Reported {
             (&mut self.cache_read, field("cache_read_input_tokens")),
             (&mut self.cached, cached),
             (&mut self.total, field("total_tokens")),
+            (
+                &mut self.tool_calls,
+                usage
+                    .get("server_tool_use")
+                    .and_then(|s| s.get("web_search_requests"))
+                    .and_then(Value::as_u64),
+            ),
         ];
         for (slot, value) in pairs {
             if let Some(value) = value {
@@ -89,6 +100,23 @@ impl Reported {
     /// The usage objects of one JSON value: at its top, or in `message` (Anthropic's
     /// `message_start`) or `response` (the responses API's `response.completed`).
     fn take(&mut self, value: &Value) {
+        // The responses API lists each server-side tool call among its output items.
+        let output = value
+            .get("output")
+            .or_else(|| value.get("response").and_then(|r| r.get("output")))
+            .and_then(Value::as_array);
+        if let Some(items) = output {
+            let calls = items
+                .iter()
+                .filter(|item| {
+                    matches!(
+                        item.get("type").and_then(Value::as_str),
+                        Some("web_search_call" | "file_search_call" | "code_interpreter_call")
+                    )
+                })
+                .count() as u64;
+            self.tool_calls = Some(self.tool_calls.map_or(calls, |kept| kept.max(calls)));
+        }
         for usage in [
             value.get("usage"),
             value.get("message").and_then(|m| m.get("usage")),

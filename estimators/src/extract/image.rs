@@ -26,6 +26,66 @@ pub enum ImageRule {
         /// Tokens per patch (1.62 for gpt-4.1-mini, 2.46 for gpt-4.1-nano, 1.72 for o4-mini).
         multiplier: f64,
     },
+    /// OpenAI's tiles at a model's own figures: `detail: low` costs `base`; `high` and `auto`
+    /// cost `base` plus `tile` per 512-px tile (gpt-4o-mini: 2,833 and 5,667; o1 and o3: 75
+    /// and 150; gpt-5: 70 and 140).
+    TilesAt {
+        /// What the image costs before its tiles (and all it costs at `detail: low`).
+        base: u64,
+        /// What each 512-px tile costs.
+        tile: u64,
+    },
+}
+
+impl ImageRule {
+    /// The rule OpenAI publishes for `model` (its vision guide, "Calculating costs"), when the
+    /// model is one it names: patches for gpt-4.1-mini and -nano, gpt-5-mini and -nano and
+    /// o4-mini; tiles at the model's own figures for gpt-4o-mini, o1, o3, gpt-5 and
+    /// computer-use-preview; 85 and 170 for gpt-4o, gpt-4.1 and gpt-4.5. A dated snapshot takes
+    /// its family's rule.
+    ///
+    /// ```
+    /// use tollgate_estimators::ImageRule;
+    ///
+    /// assert_eq!(
+    ///     ImageRule::for_model("gpt-4o-mini-2024-07-18"),
+    ///     Some(ImageRule::TilesAt { base: 2_833, tile: 5_667 })
+    /// );
+    /// assert_eq!(ImageRule::for_model("claude-sonnet-4"), None);
+    /// ```
+    pub fn for_model(model: &str) -> Option<ImageRule> {
+        let is = |name: &str| {
+            model
+                .strip_prefix(name)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with(['-', ':', '@', '.']))
+        };
+        let patches = |multiplier| Some(ImageRule::Patches { multiplier });
+        let tiles = |base, tile| Some(ImageRule::TilesAt { base, tile });
+        if is("gpt-4.1-mini") || is("gpt-5-mini") {
+            patches(1.62)
+        } else if is("gpt-4.1-nano") || is("gpt-5-nano") {
+            patches(2.46)
+        } else if is("o4-mini") {
+            patches(1.72)
+        } else if is("gpt-4o-mini") {
+            tiles(2_833, 5_667)
+        } else if is("o1") || is("o1-pro") || is("o3") || is("o3-pro") {
+            tiles(75, 150)
+        } else if is("computer-use-preview") {
+            tiles(65, 129)
+        } else if is("gpt-5") {
+            tiles(70, 140)
+        } else if is("gpt-4o")
+            || is("gpt-4.1")
+            || is("gpt-4.5")
+            || is("chatgpt-4o")
+            || is("gpt-4-turbo")
+        {
+            Some(ImageRule::Tiles)
+        } else {
+            None
+        }
+    }
 }
 
 /// The cost of an image the counter can't see the size of (a remote URL), and other choices of
@@ -41,20 +101,52 @@ pub enum ImageRule {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Billing {
     remote: Option<ImageSize>,
+    rule: Option<ImageRule>,
 }
 
 impl Default for Billing {
     /// Remote images cost the most an image can cost: 1,445 tokens under OpenAI's tiles (a
     /// 2048 × 768 image), 1,536 patches under its patches, and 1,600 for Anthropic.
     fn default() -> Billing {
-        Billing { remote: None }
+        Billing {
+            remote: None,
+            rule: None,
+        }
     }
 }
 
 impl Billing {
     /// Bills remote images (URLs the counter can't fetch) as images of `size`.
     pub fn remote_image_size(self, size: ImageSize) -> Billing {
-        Billing { remote: Some(size) }
+        Billing {
+            remote: Some(size),
+            ..self
+        }
+    }
+
+    /// Bills OpenAI images by `rule` (the request's model's: see [`ImageRule::for_model`])
+    /// rather than the estimator's.
+    ///
+    /// ```
+    /// use tollgate_estimators::{Billing, ImageRule, Words, estimate_with};
+    ///
+    /// let body = serde_json::json!({"messages": [{"role": "user", "content": [
+    ///     {"type": "image_url", "image_url": {"url": "https://example.com/a.png", "detail": "low"}}]}]});
+    /// let mini = Billing::default().image_rule(ImageRule::TilesAt { base: 2_833, tile: 5_667 });
+    /// let tokens = estimate_with(&Words, &body, &mini)?.input_tokens;
+    /// assert!(tokens >= 2_833);
+    /// # Ok::<(), tollgate_estimators::ExtractError>(())
+    /// ```
+    pub fn image_rule(self, rule: ImageRule) -> Billing {
+        Billing {
+            rule: Some(rule),
+            ..self
+        }
+    }
+
+    /// The rule set by [`image_rule`](Billing::image_rule), if any.
+    pub(crate) fn rule(&self) -> Option<ImageRule> {
+        self.rule
     }
 
     /// What a remote image costs under OpenAI's tiles at high detail.
@@ -77,8 +169,16 @@ const MAX_TILES_TOKENS: u64 = 8 * 170 + 85;
 const MAX_ANTHROPIC_TOKENS: u64 = 1_600;
 const MAX_PATCHES: u64 = 1_536;
 
+/// The most tiles an image can make under OpenAI's tile rule.
+const MAX_TILES: u64 = 8;
+
 /// OpenAI's tile rule at high detail.
 pub(crate) fn tiles(size: ImageSize) -> u64 {
+    170 * tile_count(size) + 85
+}
+
+/// How many 512-px tiles an image makes at high detail.
+fn tile_count(size: ImageSize) -> u64 {
     let (mut w, mut h) = (f64::from(size.width.max(1)), f64::from(size.height.max(1)));
     // Fit into 2048 × 2048.
     let fit = (2048.0 / w.max(h)).min(1.0);
@@ -88,8 +188,7 @@ pub(crate) fn tiles(size: ImageSize) -> u64 {
     let short = (768.0 / w.min(h)).min(1.0);
     w *= short;
     h *= short;
-    let tiles = (w / 512.0).ceil() as u64 * (h / 512.0).ceil() as u64;
-    170 * tiles + 85
+    (w / 512.0).ceil() as u64 * (h / 512.0).ceil() as u64
 }
 
 fn patches(size: ImageSize, multiplier: f64) -> u64 {
@@ -129,6 +228,11 @@ pub(crate) fn openai(
     match rule {
         ImageRule::Tiles if detail == Some("low") => 85,
         ImageRule::Tiles => size.map_or(MAX_TILES_TOKENS, tiles),
+        ImageRule::TilesAt { base, .. } if detail == Some("low") => base,
+        ImageRule::TilesAt { base, tile } => {
+            let count = size.map_or(MAX_TILES, tile_count);
+            base.saturating_add(tile.saturating_mul(count))
+        }
         ImageRule::Patches { multiplier } => match size {
             Some(size) => patches(size, multiplier),
             None => (MAX_PATCHES as f64 * multiplier).ceil() as u64,

@@ -313,7 +313,10 @@ impl<E: Estimator + ?Sized> MapWalker<'_, '_, E> {
         if self.ctx == Ctx::Content {
             let counter = &*self.counter;
             if let Some(image) = &self.image {
-                let rule = counter.estimator.image_rule();
+                let rule = counter
+                    .billing
+                    .rule()
+                    .unwrap_or_else(|| counter.estimator.image_rule());
                 plain += image::openai(image, self.detail.as_deref(), rule, counter.billing);
             }
             if let Some(source) = &self.source {

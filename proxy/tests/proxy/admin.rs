@@ -471,10 +471,11 @@ async fn the_admin_paths_are_served_on_the_admin_listener_only() {
             assert!(!answer.body_str().contains("\"upstreams\""), "{path}");
             assert!(!answer.body_str().contains("<script"), "{path}");
         }
-        // And the admin listener serves nothing else: no proxying, no metrics.
-        for path in ["/v1/models", "/metrics", "/healthz"] {
+        // And the admin listener serves nothing else but the operators' metrics: no proxying.
+        for path in ["/v1/models", "/healthz"] {
             assert_eq!(get(admin, path).await.status, 404, "{path}");
         }
+        assert_eq!(get(admin, "/metrics").await.status, 200);
         let answer = post(admin, "/v1/chat/completions", &chat("gpt-4o", "hi", 1)).await;
         assert_eq!(answer.status, 405);
         let redirect = get(admin, "/admin").await;

@@ -15,10 +15,17 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::Value;
 use tollgate_proxy::{Config, Proxy, Running};
 
-/// A proxy on a free loopback port with this configuration (its `listen` is overridden).
+/// The token the tests' proxies ask for on `/metrics` at the clients' listener.
+pub const METRICS_TOKEN: &str = "tests-metrics-token-0123";
+
+/// A proxy on a free loopback port with this configuration (its `listen` is overridden; its
+/// `/metrics` on the clients' listener takes [`METRICS_TOKEN`], which [`get`] sends).
 pub async fn proxy(toml: &str) -> Running {
     let mut config = Config::from_toml(toml).expect("a valid configuration");
     config.listen = "127.0.0.1:0".parse().unwrap();
+    config
+        .metrics_token
+        .get_or_insert_with(|| METRICS_TOKEN.to_owned());
     Proxy::bind(config).await.expect("the proxy starts").spawn()
 }
 
@@ -74,13 +81,14 @@ pub async fn post(addr: SocketAddr, path: &str, body: &Value) -> Answer {
     send(addr, path, &[], Bytes::from(body.to_string())).await
 }
 
+/// A GET; `/metrics` with the tests' token.
 pub async fn get(addr: SocketAddr, path: &str) -> Answer {
+    let mut request = Request::get(format!("http://{addr}{path}"));
+    if path == "/metrics" {
+        request = request.header("authorization", format!("Bearer {METRICS_TOKEN}"));
+    }
     let response = client()
-        .request(
-            Request::get(format!("http://{addr}{path}"))
-                .body(Full::new(Bytes::new()))
-                .unwrap(),
-        )
+        .request(request.body(Full::new(Bytes::new())).unwrap())
         .await
         .expect("the proxy answers");
     let (head, body) = response.into_parts();

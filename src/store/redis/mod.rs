@@ -233,6 +233,35 @@ impl RedisStore {
             .map(|_| ())
     }
 
+    /// Keeps a small record beside the windows: `value` under `name` (in this store's
+    /// prefix, so every process on the same server and prefix reads it) for `ttl`, replacing
+    /// what was there. For what a fleet must agree on besides windows, such as which tenant
+    /// owns a stored object (tollgate-proxy). One `SET`, within the timeout.
+    pub async fn put_record(&self, name: &str, value: &str, ttl: Duration) -> Result<(), Error> {
+        let mut connection = self.inner.connection.clone();
+        let mut command = redis::cmd("SET");
+        command
+            .arg(format!("{}:record", tag(&self.inner.config.prefix, name)))
+            .arg(value)
+            .arg("PX")
+            .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1));
+        self.bounded("SET", command.query_async::<()>(&mut connection))
+            .await
+    }
+
+    /// The record kept under `name` by [`put_record`](RedisStore::put_record), if any (and
+    /// not expired). One `GET`, within the timeout.
+    pub async fn get_record(&self, name: &str) -> Result<Option<String>, Error> {
+        let mut connection = self.inner.connection.clone();
+        let mut command = redis::cmd("GET");
+        command.arg(format!("{}:record", tag(&self.inner.config.prefix, name)));
+        self.bounded(
+            "GET",
+            command.query_async::<Option<String>>(&mut connection),
+        )
+        .await
+    }
+
     /// Runs the script for `op` on `key`, at `now_ms` (tests) or the server's `TIME`.
     async fn run(&self, key: &RedisKey, op: &Op, now_ms: Option<u64>) -> Result<Reply, Error> {
         let (name, args) = script::op_args(op);
