@@ -39,6 +39,22 @@ impl Gate {
         estimated: &Estimated,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<Call, Error> {
+        self.admit_with(estimated, Wait::Until(deadline)).await
+    }
+
+    /// Admits a request already read only if its key can pay for it now, without waiting in
+    /// line: otherwise [`Error::Timeout`] says how long it would wait (`needed`), and nothing is
+    /// charged. The store's answer takes what it takes (within the store's own timeout): "now"
+    /// bounds the wait in line, not the answer's way back. For choosing among gates.
+    pub async fn admit_estimated_now(&self, estimated: &Estimated) -> Result<Call, Error> {
+        self.admit_with(estimated, Wait::Not).await
+    }
+
+    async fn admit_with(&self, estimated: &Estimated, wait: Wait) -> Result<Call, Error> {
+        let deadline = match wait {
+            Wait::Until(deadline) => deadline,
+            Wait::Not => Some(tokio::time::Instant::now()),
+        };
         let state = self.state(estimated.key.clone())?;
         let left = || deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
         let learning = matches!(self.limits_of(&estimated.key), LimitsSource::Headers(_));
@@ -56,7 +72,7 @@ impl Gate {
                     continue;
                 }
                 let cost = self.cost_of(estimated, Some(limiter.limits()))?;
-                let permit = limiter.acquire_flight(cost, left()).await?;
+                let permit = wait.acquire(&limiter, cost, left()).await?;
                 return Ok(Call::new(
                     self.clone(),
                     state,
@@ -91,7 +107,7 @@ impl Gate {
                     _ => None,
                 };
                 let cost = self.cost_of(estimated, Some(limiter.limits()))?;
-                let permit = limiter.acquire_flight(cost, left()).await?;
+                let permit = wait.acquire(&limiter, cost, left()).await?;
                 trace_admitted(&limiter, cost).await;
                 return Ok(Call::new(
                     self.clone(),
@@ -147,5 +163,28 @@ async fn trace_admitted(limiter: &crate::Limiter, cost: crate::Cost) {
             tokens_left = ?level(crate::Currency::Tokens),
             "admitted",
         );
+    }
+}
+
+/// How long an admission may wait in line.
+#[derive(Debug, Clone, Copy)]
+enum Wait {
+    /// Until the deadline (`None`: for ever).
+    Until(Option<tokio::time::Instant>),
+    /// Not at all: admitted now, or told how long it would wait.
+    Not,
+}
+
+impl Wait {
+    async fn acquire(
+        self,
+        limiter: &crate::Limiter,
+        cost: crate::Cost,
+        left: Option<Duration>,
+    ) -> Result<crate::Permit, Error> {
+        match self {
+            Wait::Until(_) => limiter.acquire_flight(cost, left).await,
+            Wait::Not => limiter.acquire_flight_now(cost).await,
+        }
     }
 }

@@ -181,10 +181,7 @@ impl Attempts {
     /// Admits the next attempt only if it can pay now: otherwise [`Error::Timeout`] says how
     /// long it would wait (`needed`), and nothing is charged. For choosing among gates.
     pub async fn admit_now(&mut self) -> Result<Call, Error> {
-        let call = self
-            .gate
-            .admit_estimated(&self.estimated, Some(Instant::now()))
-            .await?;
+        let call = self.gate.admit_estimated_now(&self.estimated).await?;
         self.admitted = true;
         Ok(call)
     }

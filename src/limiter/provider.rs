@@ -228,6 +228,28 @@ impl<S: Store> Limiter<S> {
     /// HTTP gate: the store remembers it as in flight (so that header syncs, in every process,
     /// know it was sent and not yet counted by the provider) until its permit settles for the
     /// last time or is dropped.
+    /// Like [`acquire_flight`](Limiter::acquire_flight), but only if every window can pay now
+    /// (on top of every call waiting): otherwise nothing is charged, and [`Error::Timeout`] says
+    /// how long the call would wait. Waits for the store's answer (within the store's own
+    /// timeout), never in line.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) async fn acquire_flight_now(&self, cost: Cost) -> Result<Permit<S>, Error> {
+        let start = Instant::now();
+        let op = Op::Acquire {
+            cost,
+            max_wait: Some(Duration::ZERO),
+            fly: true,
+        };
+        let outcome = self.call_bounded(op).await?;
+        if let Some(permit) = self.passed(&outcome, cost, Duration::ZERO) {
+            return Ok(permit);
+        }
+        match outcome {
+            Outcome::NotYet(needed) => Err(self.timeout(start, Some(needed))),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) async fn acquire_flight(
         &self,

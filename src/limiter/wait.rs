@@ -292,7 +292,7 @@ impl<S: Store> Limiter<S> {
         }
     }
 
-    fn timeout(&self, start: Instant, needed: Option<Duration>) -> Error {
+    pub(super) fn timeout(&self, start: Instant, needed: Option<Duration>) -> Error {
         self.meters().timeouts.increment(1);
         Error::Timeout {
             key: self.inner.key.clone(),
@@ -324,7 +324,12 @@ impl<S: Store> Limiter<S> {
     }
 
     /// The permit for an admission (with its number among the calls in flight, if any).
-    fn passed(&self, outcome: &Outcome, cost: Cost, waited: Duration) -> Option<Permit<S>> {
+    pub(super) fn passed(
+        &self,
+        outcome: &Outcome,
+        cost: Cost,
+        waited: Duration,
+    ) -> Option<Permit<S>> {
         match outcome {
             Outcome::Admitted => Some(self.admitted(cost, waited, None)),
             Outcome::Flying(flight) => Some(self.admitted(cost, waited, Some(*flight))),
