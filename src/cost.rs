@@ -26,6 +26,56 @@ impl fmt::Display for Dollars {
     }
 }
 
+/// How much is added to an estimated input count before it is charged: a provider's own count
+/// strays from any estimator's (its formatting of messages, its tokenizer's version, what it
+/// adds around tools and images), and calls still in flight carry that error, unseen, until they
+/// settle. Charged with the call and given back when it settles with its usage, the margin keeps
+/// the key's windows at or below the provider's while they are out, so that a call admitted at
+/// the very edge of a window is not refused for its neighbours' errors. Counted in basis points
+/// (hundredths of a percent), rounded up to whole tokens.
+///
+/// ```
+/// use tollgate::Margin;
+///
+/// let margin = Margin::percent(3.0);
+/// assert_eq!(margin.on(1_000), 1_030);
+/// assert_eq!(margin.on(10), 11); // rounded up
+/// assert_eq!(Margin::NONE.on(1_000), 1_000);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Margin(u32);
+
+impl Margin {
+    /// No margin: estimates are charged as they are.
+    pub const NONE: Margin = Margin(0);
+
+    /// The default for providers' chat and embedding counts: 3%.
+    pub const DEFAULT: Margin = Margin(300);
+
+    /// A margin of `percent` (0 to 100; anything else, or not a number, is read as the nearest
+    /// of those, NaN as none).
+    pub fn percent(percent: f64) -> Margin {
+        let bp = if percent.is_nan() {
+            0.0
+        } else {
+            (percent * 100.0).round().clamp(0.0, 10_000.0)
+        };
+        Margin(bp as u32)
+    }
+
+    /// The margin in percent.
+    pub fn as_percent(self) -> f64 {
+        f64::from(self.0) / 100.0
+    }
+
+    /// `tokens` with the margin added, rounded up (saturating).
+    pub fn on(self, tokens: u64) -> u64 {
+        let extra = u128::from(tokens) * u128::from(self.0);
+        let extra = u64::try_from(extra.div_ceil(10_000)).unwrap_or(u64::MAX);
+        tokens.saturating_add(extra)
+    }
+}
+
 /// What one call pays: requests (normally 1), tokens (the estimate of its input, plus the output
 /// it reserves where the provider meters both together), output tokens (the output it
 /// reserves, where the provider limits output apart) and spend (its price in micro-dollars, for

@@ -190,7 +190,7 @@ pub use backoff::Backoff;
 pub use bucket::{Amount, Available, Snapshot};
 pub use clock::ManualClock;
 pub use config::{Config, KeyConfig, install_config};
-pub use cost::{Cost, Dollars, Usage};
+pub use cost::{Cost, Dollars, Margin, Usage};
 pub use error::{Cause, Error};
 #[doc(no_inline)]
 pub use headers::{MAX_RETRY_AFTER, parse_retry_after};

@@ -35,6 +35,8 @@ pub struct Site {
     output_tokens: &'static str,
     estimator_name: Option<&'static str>,
     timeout: Timeout,
+    /// The estimate margin in basis points (`None`: [`Margin::DEFAULT`]).
+    margin: Option<u32>,
     limits: OnceLock<Limits>,
     limiter: OnceLock<Limiter>,
     estimator: OnceLock<Arc<dyn Estimator>>,
@@ -51,6 +53,7 @@ pub struct Resolved<'a> {
 impl Site {
     /// A call site; `key` is `Some` when it is a literal (then the limiter is cached here).
     /// Empty rates mean the limits come from the configuration.
+    #[allow(clippy::too_many_arguments)]
     pub const fn new(
         function: &'static str,
         key: Option<&'static str>,
@@ -59,6 +62,7 @@ impl Site {
         output_tokens: &'static str,
         estimator_name: Option<&'static str>,
         timeout: Timeout,
+        margin: Option<u32>,
     ) -> Site {
         Site {
             function,
@@ -68,6 +72,7 @@ impl Site {
             output_tokens,
             estimator_name,
             timeout,
+            margin,
             limits: OnceLock::new(),
             limiter: OnceLock::new(),
             estimator: OnceLock::new(),
@@ -183,6 +188,30 @@ impl Resolved<'_> {
     /// them (providers that meter output apart), else to the token windows.
     pub async fn acquire(&self, input: u64, reserve: u64) -> Result<Permit, Error> {
         let limits = self.limiter.limits();
+        // The estimate and its margin (given back when the call settles with its usage), never
+        // past a token window the estimate alone fits in. An estimator that errs high by design
+        // gets none by default.
+        let margin = match self.site.margin {
+            Some(bp) => crate::Margin::percent(f64::from(bp) / 100.0),
+            None if input == 0 || self.estimator().is_ok_and(|e| e.errs_high()) => {
+                crate::Margin::NONE
+            }
+            None => crate::Margin::DEFAULT,
+        };
+        let estimate = input;
+        let mut input = margin.on(estimate);
+        if let Some(cap) = limits.tokens().as_slice().iter().map(|r| r.burst()).min() {
+            // What the token window pays besides the input (the reservation, where output is
+            // not metered apart).
+            let beside = if limits.output_tokens().is_empty() {
+                reserve
+            } else {
+                0
+            };
+            if input.saturating_add(beside) > cap {
+                input = cap.saturating_sub(beside).max(estimate);
+            }
+        }
         let cost = if !limits.output_tokens().is_empty() {
             let input = if limits.tokens().is_empty() { 0 } else { input };
             Cost::call(input).with_output_tokens(reserve)

@@ -150,6 +150,10 @@ impl<E: Estimator> Estimator for Cached<E> {
     fn image_rule(&self) -> ImageRule {
         self.inner.image_rule()
     }
+
+    fn errs_high(&self) -> bool {
+        self.inner.errs_high()
+    }
 }
 
 #[cfg(test)]

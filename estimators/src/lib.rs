@@ -92,6 +92,12 @@ pub trait Estimator: Send + Sync + fmt::Debug {
     fn image_rule(&self) -> ImageRule {
         ImageRule::Tiles
     }
+
+    /// True when the count errs high by design (no vocabulary: [`Words`]): a limiter adds no
+    /// margin for a provider's count straying from it, as it does for a vocabulary's exact one.
+    fn errs_high(&self) -> bool {
+        false
+    }
 }
 
 macro_rules! forward {
@@ -108,6 +114,9 @@ macro_rules! forward {
             }
             fn image_rule(&self) -> ImageRule {
                 (**self).image_rule()
+            }
+            fn errs_high(&self) -> bool {
+                (**self).errs_high()
             }
         })*
     };
@@ -371,5 +380,8 @@ impl Estimator for Fallback {
     }
     fn image_rule(&self) -> ImageRule {
         self.inner.image_rule()
+    }
+    fn errs_high(&self) -> bool {
+        self.inner.errs_high()
     }
 }

@@ -82,6 +82,10 @@ impl Estimator for Words {
         "words"
     }
 
+    fn errs_high(&self) -> bool {
+        true
+    }
+
     fn count(&self, text: &str) -> usize {
         let mut total = 0;
         let mut run: Option<(Class, usize)> = None;

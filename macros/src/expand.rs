@@ -46,9 +46,13 @@ fn site(func: &ItemFn, options: &Options, key: &Expr) -> TokenStream {
             ::core::time::Duration::from_nanos(#nanos)
         )),
     };
+    let margin = match options.margin {
+        None => quote!(::core::option::Option::None),
+        Some(bp) => quote!(::core::option::Option::Some(#bp)),
+    };
     quote! {
         static __TOLLGATE_SITE: ::tollgate::__private::Site = ::tollgate::__private::Site::new(
-            #name, #key_literal, #requests, #tokens, #output_tokens, #estimator, #timeout,
+            #name, #key_literal, #requests, #tokens, #output_tokens, #estimator, #timeout, #margin,
         );
     }
 }

@@ -7,7 +7,7 @@ use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
 use syn::{Expr, ExprLit, Ident, Lit, LitStr, Token};
 
-const OPTIONS: &str = "key, requests, tokens, output_tokens, estimator, timeout, tokens_from, reserve_output, settle, retries";
+const OPTIONS: &str = "key, requests, tokens, output_tokens, estimator, timeout, margin, tokens_from, reserve_output, settle, retries";
 
 /// One `name` or `name = value` in the attribute.
 struct Opt {
@@ -38,6 +38,8 @@ pub(crate) struct Options {
     pub(crate) estimator: Option<LitStr>,
     /// The timeout's literal and its value: `None` inside for `"none"`.
     pub(crate) timeout: Option<(LitStr, Option<u64>)>,
+    /// The estimate margin, in basis points (`"3%"` is 300).
+    pub(crate) margin: Option<u32>,
     pub(crate) tokens_from: Option<Vec<Ident>>,
     /// `reserve_output` alone (the body's reservation), or with an expression.
     pub(crate) reserve_output: Option<Option<Expr>>,
@@ -106,6 +108,24 @@ pub(crate) fn parse(attr: TokenStream) -> syn::Result<Options> {
                     .map_err(|err| syn::Error::new(lit.span(), err.to_string()))?;
                 // A timeout is at most u64::MAX nanoseconds, as the grammar makes it.
                 options.timeout = Some((lit, timeout.map(|d| d.as_nanos() as u64)));
+            }
+            "margin" => {
+                let lit = string_literal(&opt, "\"3%\"")?;
+                let text = lit.value();
+                let percent = text
+                    .trim()
+                    .strip_suffix('%')
+                    .and_then(|n| n.trim().parse::<f64>().ok())
+                    .filter(|p| (0.0..=100.0).contains(p))
+                    .ok_or_else(|| {
+                        syn::Error::new(
+                            lit.span(),
+                            format!(
+                                "margin `{text}`: expected a percentage from 0% to 100%, like \"3%\" or \"0%\""
+                            ),
+                        )
+                    })?;
+                options.margin = Some((percent * 100.0).round() as u32);
             }
             "tokens_from" => options.tokens_from = Some(argument_list(&opt)?),
             "reserve_output" => options.reserve_output = Some(opt.value.clone()),

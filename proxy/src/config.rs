@@ -318,6 +318,10 @@ pub struct Upstream {
     /// How many times a transient 429 from the upstream is retried here before it is handed
     /// to the client (default 3).
     pub retries: u32,
+    /// What is added to each request's estimated input before it is charged, given back when
+    /// the answer reports its usage (`estimate_margin = "3%"`, the default): the upstream's own
+    /// count strays from the estimate, and calls in flight carry that error unseen.
+    pub estimate_margin: tollgate::Margin,
     /// HTTP/2 without TLS (h2c, prior knowledge), for upstreams such as vLLM behind an h2
     /// load balancer. Over `https` HTTP/2 is negotiated (ALPN) without this.
     pub http2_only: bool,
@@ -528,9 +532,19 @@ struct UpstreamFile {
     connect_timeout_seconds: Option<f64>,
     chunk_timeout_seconds: Option<f64>,
     retries: Option<u32>,
+    estimate_margin: Option<String>,
     http2_only: Option<bool>,
     api_key_env: Option<String>,
     tenant_org_headers: Option<bool>,
+}
+
+/// A percentage from 0% to 100% (`"3%"`, `"0.5%"`), or `None`.
+fn percent(text: &str) -> Option<tollgate::Margin> {
+    text.trim()
+        .strip_suffix('%')
+        .and_then(|n| n.trim().parse::<f64>().ok())
+        .filter(|p| (0.0..=100.0).contains(p))
+        .map(tollgate::Margin::percent)
 }
 
 /// Limits from three optional rate strings; none at all is `None`.
@@ -1360,6 +1374,17 @@ fn upstream(i: usize, u: UpstreamFile, problems: &mut Vec<String>) -> Upstream {
             problems,
         ),
         retries: u.retries.unwrap_or(3),
+        estimate_margin: match u.estimate_margin.as_deref().map(percent) {
+            None => tollgate::Margin::DEFAULT,
+            Some(Some(margin)) => margin,
+            Some(None) => {
+                problems.push(format!(
+                    "{what}: estimate_margin `{}`: expected a percentage from 0% to 100%, like \"3%\" or \"0%\"",
+                    u.estimate_margin.as_deref().unwrap_or_default()
+                ));
+                tollgate::Margin::DEFAULT
+            }
+        },
         http2_only: u.http2_only.unwrap_or(false),
         api_key_env: u.api_key_env,
         tenant_org_headers: u.tenant_org_headers.unwrap_or(false),
@@ -1401,6 +1426,7 @@ impl Upstream {
             connect_timeout: DEFAULT_CONNECT,
             chunk_timeout: DEFAULT_CHUNK,
             retries: 3,
+            estimate_margin: tollgate::Margin::DEFAULT,
             http2_only: false,
             api_key_env: None,
             tenant_org_headers: false,

@@ -498,6 +498,7 @@ impl Shared {
                 .key(key_fn(u, profile.clone(), Arc::clone(&naming)))
                 .timeout(Some(u.timeout))
                 .retries(u.retries)
+                .estimate_margin(u.estimate_margin)
                 .max_body(config.max_body);
             let mut builder = match &u.limits {
                 LimitsFrom::Fixed(limits) => builder.limits(limits.clone()),

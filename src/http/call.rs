@@ -36,6 +36,9 @@ pub struct Call {
     sent: Option<Instant>,
     /// What the gate estimated: input tokens, and the most output the call may write.
     input: u64,
+    /// The input as charged: the estimate and its margin (what stands when the answer reports
+    /// no input count).
+    charged_input: u64,
     most_output: u64,
     /// The most its model can write (the profile's table), times the copies asked for.
     model_most: u64,
@@ -119,6 +122,9 @@ impl Call {
         learning: Option<OwnedSemaphorePermit>,
         estimated: &Estimated,
     ) -> Call {
+        let charged_input = permit.as_ref().map_or(estimated.input, |p| {
+            gate.charged_input(estimated, Some(p.limiter().limits()))
+        });
         Call {
             gate,
             state,
@@ -127,6 +133,7 @@ impl Call {
             stream: estimated.stream,
             sent: None,
             input: estimated.input,
+            charged_input,
             most_output: estimated.output,
             model_most: estimated.model_most,
             model: estimated.model.clone(),
@@ -210,7 +217,7 @@ impl Call {
             return self.most_output;
         };
         match self.gate.inner.profile.output {
-            super::OutputTo::Tokens => cost.tokens.saturating_sub(self.input),
+            super::OutputTo::Tokens => cost.tokens.saturating_sub(self.charged_input),
             super::OutputTo::OutputTokens => cost.output_tokens,
             super::OutputTo::Nowhere => 0,
         }
@@ -576,7 +583,7 @@ impl Call {
         // An input count that is missing or can't be read (`null`, `1e30`, `NaN`) is the
         // estimate, never nothing (unless a total stands for it).
         if reported.input.is_none() && reported.total.is_none() {
-            reported.input = Some(self.input);
+            reported.input = Some(self.charged_input);
         }
         if reported.output.is_none() && reported.total.is_none() {
             // No output count: the reservation stands, or what was generated if more. An
@@ -584,7 +591,7 @@ impl Call {
             // response, hidden reasoning, audio: output nobody saw here).
             let generated = reported.generated.unwrap_or(0);
             reported.output = Some(generated.max(self.reserved_charged()));
-            reported.input = reported.input.or(Some(self.input));
+            reported.input = reported.input.or(Some(self.charged_input));
         }
         let extras = std::mem::take(&mut self.extras);
         let mut settled = Ok(Usage::default());
@@ -657,7 +664,7 @@ impl Call {
         let mut reported = reported;
         reported.output = Some(seen);
         reported.total = None;
-        reported.input = reported.input.or(Some(self.input));
+        reported.input = reported.input.or(Some(self.charged_input));
         self.finish(reported).await
     }
 

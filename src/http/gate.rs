@@ -57,6 +57,7 @@ pub(super) struct Inner {
     pub(super) backoff: Backoff,
     timeout: Option<Duration>,
     pub(super) first_answer: Option<Duration>,
+    margin: crate::Margin,
     off_worker_above: usize,
     max_body: usize,
     keys: Mutex<HashMap<String, Arc<GateKey>>>,
@@ -126,6 +127,7 @@ pub struct GateBuilder {
     backoff: Backoff,
     timeout: Option<Duration>,
     first_answer: Option<Duration>,
+    margin: crate::Margin,
     off_worker_above: usize,
     max_body: usize,
 }
@@ -300,6 +302,16 @@ impl GateBuilder {
         self
     }
 
+    /// What is added to each request's estimated input before it is charged (default
+    /// [`Margin::DEFAULT`](crate::Margin::DEFAULT), 3%), given back when the call settles with
+    /// its usage: the provider's own count strays from the estimate, and the calls in flight
+    /// carry that error unseen until their answers come. [`Margin::NONE`](crate::Margin::NONE)
+    /// charges the estimate as it is.
+    pub fn estimate_margin(mut self, margin: crate::Margin) -> GateBuilder {
+        self.margin = margin;
+        self
+    }
+
     /// The gate; fails when no limits were given, or the profile's estimator does not exist.
     pub fn build(self) -> Result<Gate, Error> {
         let no_limits = || Error::NoLimits {
@@ -348,6 +360,7 @@ impl GateBuilder {
                 backoff: self.backoff,
                 timeout: self.timeout,
                 first_answer: self.first_answer,
+                margin: self.margin,
                 off_worker_above: self.off_worker_above,
                 max_body: self.max_body,
                 keys: Mutex::new(HashMap::new()),
@@ -373,6 +386,7 @@ impl Gate {
             backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(30)),
             timeout: Some(TIMEOUT),
             first_answer: Some(FIRST_ANSWER_WAIT),
+            margin: crate::Margin::DEFAULT,
             off_worker_above: crate::counting::DEFAULT_OFF_WORKER_ABOVE,
             max_body: MAX_BODY,
         }
@@ -622,10 +636,31 @@ impl Gate {
         })
     }
 
+    /// The input a request is charged: its estimate and the gate's margin (given back when it
+    /// settles with its usage), never past a token window the estimate alone fits in.
+    pub(super) fn charged_input(&self, estimated: &Estimated, limits: Option<&Limits>) -> u64 {
+        if self.inner.estimator.errs_high() {
+            return estimated.input;
+        }
+        let input = self.inner.margin.on(estimated.input);
+        let Some(cap) = limits.and_then(|l| l.tokens().as_slice().iter().map(|r| r.burst()).min())
+        else {
+            return input;
+        };
+        // The output reserved in the token window comes after the input, cut to the room it
+        // leaves: the margin takes none of the room a call would have had without it.
+        let reserved = match self.inner.profile.output {
+            OutputTo::Tokens => estimated.output,
+            _ => 0,
+        };
+        let room = cap.saturating_sub(estimated.input.saturating_add(reserved));
+        input.min(estimated.input.saturating_add(room))
+    }
+
     /// What an estimated request costs on a key with `limits` (`None`: before any limits are
     /// known): its input, plus its output where the profile charges it, and, where the key
     /// keeps a spend budget, its price at most (its input and reserved output at its model's
-    /// prices). A reservation the request did not ask for (no `max_tokens`) is cut to what the
+    /// prices), the input with the gate's [estimate margin](GateBuilder::estimate_margin). A reservation the request did not ask for (no `max_tokens`) is cut to what the
     /// key's windows can hold beside its input, so that a call naming none is never refused as
     /// too large for them.
     ///
@@ -635,7 +670,7 @@ impl Gate {
         let smallest = |currency: Currency| {
             limits.and_then(|l| l.of(currency).as_slice().iter().map(|r| r.burst()).min())
         };
-        let input = estimated.input;
+        let input = self.charged_input(estimated, limits);
         let fit = |output: u64, room: Option<u64>| match room {
             Some(room) if !estimated.explicit => output.min(room),
             _ => output,

@@ -13,6 +13,7 @@ use tollgate::{Currency, Limits, MemoryStore, Registry};
 fn gate(registry: &Arc<Registry>) -> Gate {
     Gate::builder(Profile::openai())
         .limits(Limits::parse("100/d", "100000/d").unwrap())
+        .estimate_margin(tollgate::Margin::NONE)
         .registry(Arc::clone(registry))
         .build()
         .unwrap()
@@ -75,6 +76,7 @@ async fn calls_in_flight_at_a_sync_are_neither_lost_nor_counted_twice() {
     // and no margin for the neighbour (both tested on their own below).
     let gate = Gate::builder(Profile::openai())
         .limits(Limits::parse("100/d", "100000/d").unwrap())
+        .estimate_margin(tollgate::Margin::NONE)
         .registry(Arc::clone(&registry))
         .first_answer_wait(None)
         .model_foreign_spending(false)
@@ -209,6 +211,7 @@ async fn permanent_429s_are_told_apart_from_rate_limits() {
 
     let anthropic = Gate::builder(Profile::anthropic())
         .limits(Limits::parse("100/d", "100000/d").unwrap())
+        .estimate_margin(tollgate::Margin::NONE)
         .registry(Arc::clone(&registry))
         .build()
         .unwrap();
@@ -357,6 +360,7 @@ async fn a_gate_forgets_keys_no_call_holds() {
     let limits = Limits::parse("100/d", "100000/d").unwrap();
     let gate = Gate::builder(Profile::openai())
         .limits(limits.clone())
+        .estimate_margin(tollgate::Margin::NONE)
         .registry(Arc::clone(&registry))
         .key(|head, _| head.uri.path().to_owned())
         // No blind margin when the first answer is late: the levels below are the calls'.
@@ -436,6 +440,7 @@ async fn the_first_answer_is_waited_for_one_second_at_most() {
     // Without a wait configured, nobody waits.
     let eager = Gate::builder(Profile::openai())
         .limits(Limits::parse("100/d", "100000/d").unwrap())
+        .estimate_margin(tollgate::Margin::NONE)
         .registry(Arc::new(Registry::new(MemoryStore::new())))
         .first_answer_wait(None)
         .build()
@@ -472,6 +477,7 @@ async fn refused_with(
     let registry = Arc::new(Registry::new(MemoryStore::new()));
     let gate = Gate::builder(profile)
         .limits(limits.clone())
+        .estimate_margin(tollgate::Margin::NONE)
         .registry(Arc::clone(&registry))
         .first_answer_wait(None)
         .model_foreign_spending(false)
@@ -584,6 +590,7 @@ async fn a_sync_leaves_out_calls_sent_within_250_ms_of_its_call() {
         let registry = Arc::new(Registry::new(MemoryStore::new()));
         let gate = Gate::builder(Profile::openai())
             .limits(Limits::parse("100/d", "100000/d").unwrap())
+            .estimate_margin(tollgate::Margin::NONE)
             .registry(Arc::clone(&registry))
             .first_answer_wait(None)
             .model_foreign_spending(false)

@@ -25,6 +25,7 @@ const SLOW: &str = "10000000/30d";
 fn gate(registry: &Arc<Registry>, tokens: &str) -> Gate {
     Gate::builder(Profile::openai())
         .limits(Limits::parse("1000/d", tokens).unwrap())
+        .estimate_margin(tollgate::Margin::NONE)
         .registry(Arc::clone(registry))
         .first_answer_wait(None)
         .build()
@@ -100,6 +101,7 @@ async fn a_stream_without_usage_settles_from_everything_it_generated() {
     // default, 16 here, and writes more than that.
     let gate = Gate::builder(Profile::openai().default_output(16))
         .limits(Limits::parse("1000/d", SLOW).unwrap())
+        .estimate_margin(tollgate::Margin::NONE)
         .registry(Arc::clone(&registry))
         .first_answer_wait(None)
         .build()
@@ -383,6 +385,7 @@ async fn other_windows_come_back_when_no_call_is_delivered() {
     let registry = Arc::new(Registry::new(MemoryStore::new()));
     let gate = Gate::builder(Profile::openai())
         .limits(Limits::parse("1000/d", SLOW).unwrap())
+        .estimate_margin(tollgate::Margin::NONE)
         .registry(Arc::clone(&registry))
         .first_answer_wait(None)
         .retries(0)
@@ -500,6 +503,7 @@ async fn an_answer_without_usage_keeps_its_reservation() {
         .with_output_tokens(SLOW.parse::<tollgate::Rates>().unwrap());
     let gate = Gate::builder(Profile::anthropic())
         .limits(limits.clone())
+        .estimate_margin(tollgate::Margin::NONE)
         .registry(Arc::clone(&registry))
         .first_answer_wait(None)
         .build()

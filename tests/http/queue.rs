@@ -38,6 +38,7 @@ async fn waiters_pass_once_refunds_and_the_pause_allow() {
         .with_output_tokens("80000/m".parse::<Rates>().unwrap());
     let gate = Gate::builder(Profile::anthropic())
         .limits(limits)
+        .estimate_margin(tollgate::Margin::NONE)
         .registry(Arc::clone(&registry))
         .first_answer_wait(None)
         .timeout(Some(Duration::from_secs(60)))
@@ -111,6 +112,7 @@ async fn waiters_planned_on_an_empty_window_pass_when_refunds_come() {
         .with_output_tokens("80000/m".parse::<Rates>().unwrap());
     let gate = Gate::builder(Profile::anthropic())
         .limits(limits)
+        .estimate_margin(tollgate::Margin::NONE)
         .registry(Arc::clone(&registry))
         .first_answer_wait(None)
         .timeout(Some(Duration::from_secs(120)))

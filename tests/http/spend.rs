@@ -18,6 +18,7 @@ const LIMITS: &str = "10000000/30d";
 fn gate(registry: &Arc<Registry>, budget: &str, profile: Profile) -> Gate {
     Gate::builder(profile)
         .limits(Limits::parse("1000/d", LIMITS).unwrap())
+        .estimate_margin(tollgate::Margin::NONE)
         .spend(Rates::parse_money(budget).unwrap())
         .registry(Arc::clone(registry))
         .first_answer_wait(None)
@@ -131,6 +132,7 @@ async fn a_model_without_a_price_cannot_spend_from_a_budget_until_it_is_given_on
     // Without a budget, the same call passes.
     let plain = Gate::builder(Profile::openai())
         .limits(Limits::parse("1000/d", LIMITS).unwrap())
+        .estimate_margin(tollgate::Margin::NONE)
         .registry(Arc::new(Registry::new(MemoryStore::new())))
         .first_answer_wait(None)
         .build()

@@ -60,6 +60,7 @@ async fn setup(options: Options, profile: Profile, limits: &Limits) -> Setup {
     let registry = Arc::new(Registry::new(MemoryStore::new()));
     let gate = Gate::builder(profile)
         .limits(limits.clone())
+        .estimate_margin(tollgate::Margin::NONE)
         .registry(Arc::clone(&registry))
         .retries(2)
         .build()

@@ -549,7 +549,8 @@ async fn a_client_that_leaves_a_stream_keeps_its_reservation_charged() {
         &name,
         &upstream.url(),
         r#"requests = "100/m"
-        tokens = "1000000/30d""#,
+        tokens = "1000000/30d"
+        estimate_margin = "0%""#,
     ))
     .await;
     let body = json!({"model": "gpt-4o", "stream": true, "max_tokens": 200000,

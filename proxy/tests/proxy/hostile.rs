@@ -187,6 +187,7 @@ async fn a_stream_cut_by_the_upstream_keeps_its_reservation() {
         profile = "openai"
         requests = "100/m"
         tokens = "100000/30d"
+        estimate_margin = "0%"
         "#
     ))
     .await;

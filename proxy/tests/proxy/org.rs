@@ -411,6 +411,7 @@ async fn a_tenants_answer_shows_the_tighter_of_its_windows_and_the_organisations
         profile = "openai"
         requests = "1000/d"
         tokens = "2000/d"
+        estimate_margin = "0%"
         [[upstream]]
         name = "{name}-claude"
         url = "http://{}"
@@ -418,6 +419,7 @@ async fn a_tenants_answer_shows_the_tighter_of_its_windows_and_the_organisations
         requests = "1000/d"
         tokens = "100000/d"
         output_tokens = "100000/d"
+        estimate_margin = "0%"
         "#,
         stand_in.addr, claude.addr
     ))
