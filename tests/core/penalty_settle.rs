@@ -184,3 +184,40 @@ async fn a_shortfall_a_429_already_counted_is_not_charged_again() {
         200 - 100 - 150
     );
 }
+
+/// The issue-30 trial through the public API: 19 calls drain a `20000/m` window, the provider
+/// pauses the key for a second, then the 19 settle at 100 tokens each. The window then holds
+/// enough for the 19 waiters of 900 queued behind them: they pass when the pause ends, not one
+/// every 1.2 s as the empty window planned them (the last passed at 23.2 s).
+#[tokio::test(start_paused = true)]
+async fn waiters_follow_the_refunds_that_come_during_a_pause() {
+    let limiter = limiter("", "20000/m");
+    let start = Instant::now();
+    let mut out = Vec::new();
+    for _ in 0..19 {
+        out.push(limiter.acquire(Cost::call(1_050)).await.unwrap());
+    }
+    let waiters: Vec<_> = (0..19)
+        .map(|_| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move {
+                limiter
+                    .acquire_timeout(Cost::call(900), Some(Duration::from_secs(60)))
+                    .await
+                    .unwrap();
+                Instant::now()
+            })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    limiter.penalize(Duration::from_secs(1)).await.unwrap();
+    for permit in out {
+        permit.settle(100).await.unwrap();
+    }
+    let mut last = start;
+    for waiter in waiters {
+        last = last.max(waiter.await.unwrap());
+    }
+    // 19 refunds of 950 leave 18,050 once the pause ends: 19 waiters of 900 (17,100) pass then.
+    assert_eq!(last - start, Duration::from_secs(1));
+}

@@ -555,76 +555,21 @@ fn whatever_the_provider_says_output_windows_keep_the_bound_too_in_memory() {
     on_memory(Provider::Anthropic, cases(3_000));
 }
 
-/// On Redis the script runs at the time of the run's paused clock, in whole milliseconds: each
-/// operation is sent to a server from a thread of its own and waited for without yielding, so
-/// that no time passes on the paused clock while Redis answers (a paused runtime that waits
-/// for I/O jumps to its next timer).
+/// On Redis the script runs at the time of the run's paused clock, in whole milliseconds (see
+/// [`Scripted`](crate::scripted::Scripted)).
 #[cfg(feature = "testing")]
 mod on_redis {
     use super::*;
-    use std::sync::mpsc;
-    use tollgate::store::redis::{RedisKey, RedisStore};
-    use tollgate::store::{AnyStore, Op, Outcome, Store};
-    use tollgate::testing::redis_apply_at;
-    use tollgate_testkit::redis::RedisServer;
-
-    type Job = (
-        RedisKey,
-        Op,
-        u64,
-        mpsc::Sender<Result<Outcome, tollgate::Error>>,
-    );
-
-    /// A Redis store whose script runs at the paused clock's time.
-    #[derive(Clone)]
-    struct Scripted {
-        store: RedisStore,
-        jobs: mpsc::Sender<Job>,
-        start: tokio::time::Instant,
-    }
-
-    impl Store for Scripted {
-        type Key = RedisKey;
-
-        fn bind(&self, key: &str, limits: &Limits) -> Result<RedisKey, tollgate::Error> {
-            self.store.bind(key, limits)
-        }
-
-        async fn apply(&self, key: &RedisKey, op: Op) -> Result<Outcome, tollgate::Error> {
-            // 1 s in, so that no run starts at the script's 0.
-            let now = 1_000 + u64::try_from(self.start.elapsed().as_millis()).unwrap();
-            let (answer, answered) = mpsc::channel();
-            self.jobs.send((key.clone(), op, now, answer)).unwrap();
-            answered.recv().unwrap()
-        }
-    }
+    use crate::scripted::ScriptServer;
+    use tollgate::store::AnyStore;
 
     fn on_redis(provider: Provider, cases: u32) {
-        let Some(server) = RedisServer::start() else {
+        let Some(server) = ScriptServer::start() else {
             return;
         };
-        let (jobs, queue) = mpsc::channel::<Job>();
-        let (connected, store) = mpsc::channel();
-        let url = server.url();
-        let worker = std::thread::spawn(move || {
-            let runtime = tollgate_testkit::local_runtime();
-            let store = runtime.block_on(RedisStore::connect(&url)).unwrap();
-            connected.send(store.clone()).unwrap();
-            for (key, op, now, answer) in queue {
-                let outcome = runtime.block_on(redis_apply_at(&store, &key, op, Some(now)));
-                let _ = answer.send(outcome.map(|(outcome, _)| outcome));
-            }
-        });
-        let store: RedisStore = store.recv().unwrap();
         runs(provider, cases, true, |_, start| {
-            Registry::new(AnyStore::custom(Scripted {
-                store: store.clone(),
-                jobs: jobs.clone(),
-                start,
-            }))
+            Registry::new(AnyStore::custom(server.store(start)))
         });
-        drop(jobs);
-        worker.join().unwrap();
     }
 
     #[test]

@@ -5,12 +5,15 @@
 mod async_openai;
 mod bound;
 mod closed_loop;
+mod converge;
 mod gate;
 mod hostile;
 mod metering;
 mod queue;
 #[cfg(feature = "reqwest-middleware")]
 mod reqwest_middleware;
+#[cfg(feature = "testing")]
+mod scripted;
 mod spend;
 #[cfg(feature = "tower")]
 mod tower;
