@@ -310,8 +310,7 @@ async fn run(registry: Registry, key: String, plans: Vec<Planned>) -> Vec<bool> 
     }
     // The answers still being written.
     tokio::time::sleep(Duration::from_secs(4)).await;
-    let arrivals = provider.lock().unwrap().arrivals.clone();
-    arrivals
+    provider.lock().unwrap().arrivals.clone()
 }
 
 /// The promise: a 429 is followed by at most one more before the run ends.
