@@ -37,6 +37,10 @@ pub(crate) struct Flight {
     pub(crate) level: PerCurrency<i128>,
     /// The key's [`Flights::corrected`] totals when the call went out.
     pub(crate) corrected: PerCurrency<i64>,
+    /// The windows (bit `i` for the key's window `i`, the first 32) that were full when the call
+    /// was charged: the call made them start refilling when it went out, the provider's when it
+    /// counted it. Cleared once a sync has taken that difference off.
+    pub(crate) full: u32,
 }
 
 #[derive(Debug, Default)]
@@ -67,6 +71,7 @@ impl Flights {
         now: Nanos,
         charged: PerCurrency<u64>,
         level: PerCurrency<i128>,
+        full: u32,
     ) -> u64 {
         self.prune(now);
         if self.list.len() >= MAX_FLIGHTS {
@@ -81,6 +86,7 @@ impl Flights {
             done: false,
             level,
             corrected: self.corrected,
+            full,
         });
         id
     }

@@ -331,6 +331,11 @@ pub struct SyncArgs {
     /// count is read without the call there. Its charge is not given back: a 429 never raises
     /// a window (a retry pays again).
     pub refused: Option<crate::Currencies>,
+    /// How long after the call went out the provider counted it: its own stamp where it sends
+    /// one, else half the round trip. The windows' refill in between is the key's, not the
+    /// provider's (it was full, or counting, from later on): the comparison credits it to the
+    /// key's level before reading the count against it.
+    pub counted_after: Duration,
 }
 
 /// The call a provider's 429 refused, when the provider said when it would pass

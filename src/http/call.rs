@@ -325,7 +325,10 @@ impl Call {
             }
         });
         if let Some(limiter) = self.limiter() {
-            match self.sync(&limiter, &read, refused).await {
+            match self
+                .sync(&limiter, &read, refused, processing_time(headers))
+                .await
+            {
                 // The call is done: the sync read the provider's count without it where the
                 // provider's rules say it counted nothing of it.
                 Ok(()) if refused => {
@@ -429,6 +432,7 @@ impl Call {
         limiter: &Limiter,
         read: &[RateHeader],
         refused: bool,
+        processing: Option<Duration>,
     ) -> Result<(), Error> {
         let gate = &self.gate.inner;
         let limits = limiter.limits();
@@ -439,6 +443,7 @@ impl Call {
             flight: self.permit.as_ref().and_then(Permit::flight).unwrap_or(0),
             charged: self.cost().unwrap_or_default(),
             refused: refused.then(|| gate.profile.refusal_returns()),
+            counted_after: counted_after(sent.elapsed(), processing),
             ..SyncArgs::default()
         };
         for header in read {
@@ -748,6 +753,25 @@ impl Call {
             _ => self.fees,
         }
     }
+}
+
+/// How long the provider says it worked on the call (OpenAI's `openai-processing-ms`).
+fn processing_time(headers: &HeaderMap) -> Option<Duration> {
+    let ms: f64 = headers
+        .get("openai-processing-ms")?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Duration::try_from_secs_f64(ms / 1e3).ok()
+}
+
+/// How long after it went out the provider counted a call answered `round_trip` after: half the
+/// round trip less the provider's work on it where it says how long that took (it counts a
+/// call when it arrives, and answers when it is done), else half the round trip.
+fn counted_after(round_trip: Duration, processing: Option<Duration>) -> Duration {
+    round_trip.saturating_sub(processing.unwrap_or_default().min(round_trip)) / 2
 }
 
 fn permit_key(permit: &Permit) -> &str {

@@ -3,7 +3,8 @@
 //! continuously; a call's tokens are its input, counted with tiktoken-rs's o200k_base and then
 //! off by up to ±3% the way a provider's own count is, the same for the same body, plus the
 //! `max_tokens` it reserves, charged on arrival, with the unused reservation given back when
-//! the answer is written), takes its time to answer (20 ms, and 1 ms an output token, unless
+//! the answer is written; OpenAI-style answers say how long that took, `openai-processing-ms`),
+//! takes its time to answer (20 ms, and 1 ms an output token, unless
 //! told otherwise), writes at length when no `max_tokens` bounds it, counts a request it
 //! refuses against the request limit (as OpenAI does), and answers 429 with `retry-after`,
 //! `retry-after-ms` and a body naming the window that refused. It keeps connections alive and
@@ -806,6 +807,7 @@ async fn serve(
         let mut response = hyper::Response::builder()
             .status(200)
             .header("content-type", "text/event-stream");
+        let headers = processed(style, &headers, latency);
         for line in headers.split("\r\n").filter(|l| !l.is_empty()) {
             if let Some((name, value)) = line.split_once(':') {
                 response = response.header(name.trim(), value.trim());
@@ -835,7 +837,20 @@ async fn serve(
     };
     tokio::time::sleep(options.latency + writing).await;
     answered();
-    whole(200, &headers, &reply)
+    whole(
+        200,
+        &processed(style, &headers, options.latency + writing),
+        &reply,
+    )
+}
+
+/// The headers with OpenAI's `openai-processing-ms`: how long the answer took once the call had
+/// arrived (and been counted).
+fn processed(style: Style, headers: &str, took: Duration) -> String {
+    match style {
+        Style::OpenAi => format!("{headers}openai-processing-ms: {}\r\n", took.as_millis()),
+        Style::Anthropic => headers.to_owned(),
+    }
 }
 
 /// The events of a streamed answer.
@@ -916,16 +931,32 @@ async fn read_message(stream: &mut TcpStream) -> std::io::Result<(String, Vec<u8
 #[derive(Debug)]
 pub struct Response {
     pub status: u16,
+    /// `retry-after`, in whole seconds as it is sent.
     pub retry_after: Option<Duration>,
+    /// `retry-after-ms`, where it was sent (as the official SDKs read it first).
+    pub retry_after_ms: Option<Duration>,
     pub body: Value,
 }
 
 /// POSTs a chat body to the stand-in.
 pub async fn post(addr: SocketAddr, body: &Value) -> std::io::Result<Response> {
+    post_with(addr, body, &[]).await
+}
+
+/// POSTs a chat body with these headers besides (an `Authorization`, say).
+pub async fn post_with(
+    addr: SocketAddr,
+    body: &Value,
+    headers: &[(&str, &str)],
+) -> std::io::Result<Response> {
     let mut stream = TcpStream::connect(addr).await?;
     let body = body.to_string();
+    let extra: String = headers
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect();
     let request = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{extra}Connection: close\r\n\r\n{body}",
         body.len()
     );
     stream.write_all(request.as_bytes()).await?;
@@ -935,14 +966,22 @@ pub async fn post(addr: SocketAddr, body: &Value) -> std::io::Result<Response> {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    let retry_after = head
-        .lines()
-        .filter_map(|l| l.split_once(':'))
-        .find(|(name, _)| name.trim().eq_ignore_ascii_case("retry-after"))
-        .and_then(|(_, v)| tollgate::parse_retry_after(v, std::time::SystemTime::now()));
+    let header = |wanted: &str| {
+        head.lines()
+            .filter_map(|l| l.split_once(':'))
+            .find(|(name, _)| name.trim().eq_ignore_ascii_case(wanted))
+            .map(|(_, v)| v.trim().to_owned())
+    };
+    let retry_after = header("retry-after")
+        .and_then(|v| tollgate::parse_retry_after(&v, std::time::SystemTime::now()));
+    let retry_after_ms = header("retry-after-ms")
+        .and_then(|ms| ms.parse::<f64>().ok())
+        .filter(|ms| ms.is_finite() && *ms >= 0.0)
+        .map(|ms| Duration::from_secs_f64(ms / 1e3));
     Ok(Response {
         status,
         retry_after,
+        retry_after_ms,
         body: serde_json::from_slice(&body).unwrap_or(Value::Null),
     })
 }

@@ -28,6 +28,17 @@ fn remaining(tokens: u64) -> HeaderMap {
     headers
 }
 
+/// `remaining`, from an answer that took `took` once the call arrived (OpenAI's
+/// `openai-processing-ms`): the provider counted it on arrival, with no time on the way.
+fn remaining_after(tokens: u64, took: Duration) -> HeaderMap {
+    let mut headers = remaining(tokens);
+    headers.insert(
+        "openai-processing-ms",
+        u64::try_from(took.as_millis()).unwrap().into(),
+    );
+    headers
+}
+
 fn used(total: u64) -> Reported {
     Reported::read(
         json!({"usage": {"prompt_tokens": total, "completion_tokens": 0}})
@@ -105,7 +116,11 @@ async fn a_late_answer_takes_off_what_was_spent_elsewhere_and_keeps_the_refill_s
     let cost_b = call_b.cost().unwrap().tokens;
     tokio::time::advance(Duration::from_millis(2_500)).await;
     call_a
-        .respond(StatusCode::OK, &remaining(counted), None)
+        .respond(
+            StatusCode::OK,
+            &remaining_after(counted, Duration::from_secs(3)),
+            None,
+        )
         .await;
     // 100 tokens a second for 3 s.
     assert_eq!(
@@ -151,7 +166,11 @@ async fn a_fleet_shares_its_calls_in_flight_and_its_corrections() {
     tokio::time::advance(Duration::from_millis(600)).await;
     // Process 1's answer: the neighbour had spent 800 when call 1 arrived.
     call_1
-        .respond(StatusCode::OK, &remaining(6_000 - 800 - cost_1), None)
+        .respond(
+            StatusCode::OK,
+            &remaining_after(6_000 - 800 - cost_1, Duration::from_secs(1)),
+            None,
+        )
         .await;
     let after_first = tokens_left(&first, limits).await;
     assert_eq!(after_first, i128::from(6_000 - cost_1 - cost_2 + 100 - 800));
@@ -160,7 +179,10 @@ async fn a_fleet_shares_its_calls_in_flight_and_its_corrections() {
     call_2
         .respond(
             StatusCode::OK,
-            &remaining(6_000 - 800 - cost_1 - cost_2 + 40),
+            &remaining_after(
+                6_000 - 800 - cost_1 - cost_2 + 40,
+                Duration::from_millis(600),
+            ),
             None,
         )
         .await;
@@ -189,8 +211,10 @@ async fn with_an_honest_provider_and_no_neighbour_the_windows_do_not_drift() {
         *provider = (*provider + ms * 20).min(20_000 * 60);
         *last = now;
     };
-    // Calls in flight: the call, and what the provider counted when it arrived.
-    let mut out: Vec<(Call, u64, u64, tokio::time::Instant)> = Vec::new();
+    // Calls in flight: the call, what the provider counted when it arrived, when it went out
+    // (and arrived), and when its answer comes.
+    type Out = (Call, u64, u64, tokio::time::Instant, tokio::time::Instant);
+    let mut out: Vec<Out> = Vec::new();
     let mut answers = 0;
     for i in 0..400u64 {
         let body = chat(50 + (i * 37 % 400) as usize, 1);
@@ -204,18 +228,21 @@ async fn with_an_honest_provider_and_no_neighbour_the_windows_do_not_drift() {
         provider -= i128::from(cost) * 60;
         assert!(provider >= 0, "the provider refused call {i}");
         let counted = (provider / 60) as u64;
-        let answer_at =
-            tokio::time::Instant::now() + Duration::from_millis(2_000 + i * 131 % 2_000);
-        out.push((call, cost, counted, answer_at));
+        let took = Duration::from_millis(2_000 + i * 131 % 2_000);
+        let sent = tokio::time::Instant::now();
+        out.push((call, cost, counted, sent, sent + took));
         // Answer every call whose time has come, in the order their answers come back.
         tokio::time::advance(Duration::from_millis(150)).await;
-        out.sort_by_key(|(_, _, _, at)| *at);
+        out.sort_by_key(|(_, _, _, _, at)| *at);
         while out
             .first()
-            .is_some_and(|(_, _, _, at)| *at <= tokio::time::Instant::now())
+            .is_some_and(|(_, _, _, _, at)| *at <= tokio::time::Instant::now())
         {
-            let (mut call, cost, counted, _) = out.remove(0);
-            call.respond(StatusCode::OK, &remaining(counted), None)
+            let (mut call, cost, counted, sent, _) = out.remove(0);
+            // It arrived (and was counted) when it was sent: the whole round trip was the
+            // provider's work on it.
+            let took = tokio::time::Instant::now() - sent;
+            call.respond(StatusCode::OK, &remaining_after(counted, took), None)
                 .await;
             call.finish(used(cost)).await.unwrap();
             refill(&mut provider, &mut last);

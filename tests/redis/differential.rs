@@ -236,6 +236,8 @@ fn operation(rng: &mut Lcg, limits: &Limits, calls: &[Held]) -> (Op, Option<usiz
                 args.margin[i] = if rng.below(2) == 0 { rng.below(40) } else { 0 };
                 args.margin_if_above[i] = rng.below(2) == 0;
             }
+            // Counted up to 3 s after the call went out, in whole ms as the script takes it.
+            args.counted_after = Duration::from_millis(rng.below(3_000));
             args.refused = (rng.below(6) == 0).then(|| {
                 let mut back = tollgate::Currencies::NONE;
                 for currency in tollgate::Currency::ALL {

@@ -59,8 +59,17 @@ impl KeyState {
             return Outcome::Admitted;
         }
         let level = PerCurrency::from_fn(|c| tightest(limits, c).map_or(0, |i| self.real.units[i]));
+        // The windows the call found full: charged from their capacity, they hold exactly that
+        // capacity less the call now.
+        let mut full = 0u32;
+        for (i, ((c, w), level)) in windows(limits).zip(self.real.units.iter()).enumerate() {
+            let paid = cost.of(c);
+            if i < 32 && paid > 0 && *level >= w.cap() - w.units(paid) {
+                full |= 1 << i;
+            }
+        }
         let flights = self.flights.get_or_insert_with(|| Box::new(Flights::new()));
-        Outcome::Flying(flights.fly(now, cost.per_currency(), level))
+        Outcome::Flying(flights.fly(now, cost.per_currency(), level, full))
     }
 
     /// A call arrives: admitted at once if the key can pay for it on top of every waiting

@@ -172,6 +172,37 @@ impl KeyState {
             .and_then(|f| f.find(args.flight).map(|i| (i, f.list[i], f.close_to(i))));
         let ambiguous = found.is_none_or(|(_, _, (_, ambiguous))| ambiguous);
         let back = args.refused.unwrap_or(crate::Currencies::NONE);
+        // A call that found a window full made it start refilling when it went out; the
+        // provider's started when it counted the call, `counted_after` later. That refill (at
+        // most the call's charge: by then the window may have been full again) is the key's
+        // alone: taken off, exactly, once. Counted as corrected, so that a later count does not
+        // find it again.
+        if let (Some((i, flight, _)), false) = (found, args.counted_after.is_zero())
+            && flight.full != 0
+        {
+            let elapsed = i128::try_from(args.counted_after.as_nanos()).unwrap_or(i128::MAX);
+            let mut credited = PerCurrency::splat(0i64);
+            let tight = PerCurrency::from_fn(|c| tightest(limits, c));
+            for (j, ((c, w), level)) in windows(limits).zip(self.real.units.iter_mut()).enumerate()
+            {
+                if j >= 32 || flight.full & (1 << j) == 0 || back.contains(c) {
+                    continue;
+                }
+                let charge = w.units_capped(flight.charged[c]);
+                let refill = i128::from(w.rate.amount()).saturating_mul(elapsed);
+                let over = refill.min(charge);
+                if tight[c] == Some(j) {
+                    credited[c] = clamp_i64(w.whole(over));
+                }
+                *level = w.clamp(*level - over);
+            }
+            if let Some(flights) = self.flights.as_deref_mut() {
+                flights.list[i].full = 0;
+                for c in Currency::ALL {
+                    flights.corrected[c] = flights.corrected[c].saturating_add(credited[c]);
+                }
+            }
+        }
         if args.refused.is_some() {
             // The provider refused the call and counted nothing of it in the currencies it
             // gives back: its record no longer counts there, and it is done (an adapter that
@@ -208,11 +239,14 @@ impl KeyState {
                 continue;
             };
             // The call's own charge is in its record; a refused call is not in the count where
-            // the provider gave it back.
+            // the provider gave it back, so it is added back to read the record like the count.
+            // Then the refill from when the call went out to when the provider counted it: the
+            // key's windows had it, the provider's did not yet.
             let mut held = flight.level[c];
             if back.contains(c) {
-                held -= w.units_capped(flight.charged[c]);
+                held = w.clamp(held + w.units_capped(flight.charged[c]));
             }
+            let held = w.refill(held, saturate(args.counted_after.as_nanos()));
             // What was spent elsewhere if the provider counted the calls in the order they went
             // out: a sample for the model, right on average.
             let likely = clamp_i64(w.whole(held - counted));

@@ -30,7 +30,7 @@
 --   lower     currency, remaining tokens
 --   sync      flight, charged (4), remaining (4, -1: not said), foreign (4), returnable (4),
 --             margin (4), margin only where more is found (4, 0 or 1), refused (0: no; 16 +
---             the mask of the currencies given back)
+--             the mask of the currencies given back), counted after (ms after the call went out)
 --   settle    flight, charged (4), used (4, -1: as charged), last (0 or 1)
 --
 -- Per-currency lists have NC = 4 entries, in the order requests, tokens, output tokens, spend.
@@ -750,10 +750,12 @@ local function decode_flight(id, data)
   if #f == 11 then
     -- Written before spend was a currency: three per currency, spend 0.
     return {id = id, at = f[1], charged = {f[2], f[3], f[4], 0}, done = f[5] == 1,
-      level = {f[6], f[7], f[8], 0}, corrected = {f[9], f[10], f[11], 0}}
+      level = {f[6], f[7], f[8], 0}, corrected = {f[9], f[10], f[11], 0}, full = 0}
   end
+  -- Written before the windows found full were kept: none.
   return {id = id, at = f[1], charged = {f[2], f[3], f[4], f[5]}, done = f[6] == 1,
-    level = {f[7], f[8], f[9], f[10]}, corrected = {f[11], f[12], f[13], f[14]}}
+    level = {f[7], f[8], f[9], f[10]}, corrected = {f[11], f[12], f[13], f[14]},
+    full = f[15] or 0}
 end
 
 local function encode_flight(f)
@@ -762,6 +764,7 @@ local function encode_flight(f)
   if f.done then parts[#parts + 1] = '1' else parts[#parts + 1] = '0' end
   for c = 1, NC do parts[#parts + 1] = fmt(f.level[c]) end
   for c = 1, NC do parts[#parts + 1] = fmt(f.corrected[c]) end
+  parts[#parts + 1] = fmt(f.full)
   return table.concat(parts, ' ')
 end
 
@@ -802,8 +805,17 @@ local function fly(cost)
   for c = 1, NC do
     if tightest[c] ~= nil then level[c] = levels[tightest[c]] end
   end
+  -- The windows the call found full (bit i - 1 for window i, the first 32): charged from their
+  -- capacity, they hold exactly that capacity less the call now.
+  local full = 0
+  for i = 1, k do
+    local paid = cost[w[i].cur]
+    if i <= 32 and paid > 0 and levels[i] >= w[i].cap - paid * w[i].scale then
+      full = full + 2 ^ (i - 1)
+    end
+  end
   local record = {at = now, charged = cost, done = false, level = level,
-    corrected = copy(corrected)}
+    corrected = copy(corrected), full = full}
   redis.call('HSET', hash, 'f' .. fmt(id), encode_flight(record), 'fa', fmt(now))
   flights_changed = true
   return id
@@ -1179,8 +1191,10 @@ elseif op == 'sync' then
   -- 0: not refused; 16 + a mask of the currencies given back (requests 1, tokens 2, output 4,
   -- spend 8).
   local refused = int(ARGV[args + 2 + 6 * NC], 0, 31)
+  -- How long after the call went out the provider counted it, in ms.
+  local counted_after = int(ARGV[args + 3 + 6 * NC], 0, MAX)
   if id == nil or charged == nil or remaining == nil or foreign == nil or returnable == nil
-    or margin == nil or if_more == nil or refused == nil then
+    or margin == nil or if_more == nil or refused == nil or counted_after == nil then
     return fail('bad sync')
   end
   for c = 1, NC do
@@ -1212,6 +1226,29 @@ elseif op == 'sync' then
       redis.call('HSET', hash, 'f' .. fmt(f.id), encode_flight(f))
     end
   end
+  -- A call that found a window full made it start refilling when it went out; the provider's
+  -- started when it counted the call, `counted_after` ms later. That refill (at most the call's
+  -- charge) is the key's alone: taken off, exactly, once, and counted as corrected.
+  if f ~= nil and f.full > 0 and counted_after > 0 then
+    for i = 1, k do
+      local c = w[i].cur
+      if i <= 32 and math.floor(f.full / 2 ^ (i - 1)) % 2 == 1 and not back[c] then
+        local charge = units(i, own[c])
+        local over = charge
+        if counted_after <= math.floor(charge / w[i].rate) then
+          over = w[i].rate * counted_after
+          if over > charge then over = charge end
+        end
+        if tightest[c] == i and tracked then
+          corrected[c] = corrected[c] + floor_div(over, w[i].scale)
+          flights_changed = true
+        end
+        levels[i] = clamp(i, levels[i] - over)
+      end
+    end
+    f.full = 0
+    redis.call('HSET', hash, 'f' .. fmt(f.id), encode_flight(f))
+  end
   local above = {}
   local spent = {}
   local lowered = zeros()
@@ -1232,11 +1269,14 @@ elseif op == 'sync' then
           end
         end
       else
-        -- The call's own charge is in its record; a refused call is not in the count; calls that
-        -- went out close to it are left out of what is taken off, whichever side of it they
-        -- were counted on.
+        -- The call's own charge is in its record; a refused call is not in the count, so it is
+        -- added back to read the record like the count; then the refill from when the call went
+        -- out to when the provider counted it (the key's windows had it, the provider's not
+        -- yet). Calls that went out close to it are left out of what is taken off, whichever
+        -- side of it they were counted on.
         local held = f.level[c]
-        if back[c] then held = held - units(t, own[c]) end
+        if back[c] then held = clamp(t, held + units(t, own[c])) end
+        held = refill(t, held, counted_after)
         -- What was spent elsewhere if the provider counted the calls in the order they went
         -- out: a sample for the model.
         local likely = whole(t, held - counted)

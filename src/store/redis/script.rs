@@ -158,6 +158,7 @@ pub(super) fn op_args(op: &Op) -> (&'static str, Vec<i64>) {
             args.extend(sync.margin_if_above.map(flag).values());
             // 16 says "refused"; the bits below it, the currencies given back.
             args.push(sync.refused.map_or(0, |back| 16 + i64::from(back.bits())));
+            args.push(ms_floor(sync.counted_after).min(MAX_EXACT));
             ("sync", args)
         }
         Op::Settle {
