@@ -334,7 +334,7 @@ pub(crate) async fn prepare(
     let mut alone = None;
     if pooled_budgets || !budgets(shared, upstream, tenant).is_empty() {
         let read = estimated.body().map_or(&body[..], |b| &b[..]);
-        let value: serde_json::Value = serde_json::from_slice(read).unwrap_or_default();
+        let value = crate::lenient::read(read);
         if crate::hidden::unmeasured(&value) {
             let who = tenant.map_or("-", |t| t.name.as_str()).to_owned();
             let model = estimated.model().unwrap_or("-").to_owned();

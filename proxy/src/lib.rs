@@ -41,6 +41,7 @@ mod forward;
 mod health;
 mod hidden;
 mod keys;
+mod lenient;
 mod metrics;
 mod owners;
 mod proxy;

@@ -360,11 +360,9 @@ async fn owned(
     path: &str,
     body: &[u8],
 ) -> Result<bool, Response<Relay>> {
-    let value: serde_json::Value = if body.is_empty() {
-        serde_json::Value::Null
-    } else {
-        serde_json::from_slice(body).unwrap_or(serde_json::Value::Null)
-    };
+    // Read as the upstream will read it: a body a strict parser refuses (a byte-order mark,
+    // UTF-16, a `NaN`) still names the ids it names.
+    let value = crate::lenient::read(body);
     let touches = crate::owners::touches(method, path, &value);
     if touches.lists {
         return Err(answer(

@@ -1,0 +1,353 @@
+//! Issue 31's promises tried again, as a hostile tenant, a hostile upstream and a careless
+//! operator would try them: each test is named for the promise it holds the proxy to.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use serde_json::json;
+use tollgate_testkit::hostile::{self, HostileUpstream, Step};
+
+use crate::common::*;
+use crate::holds::{ALICE, BOB, as_tenant, owners_config, real_key, storing};
+use crate::org::{CHAT, budget_left, chat, fresh};
+
+/// Sends `body` as it is (bytes) to `path` as `key`'s tenant, with `headers`.
+async fn raw_as(
+    addr: std::net::SocketAddr,
+    key: &str,
+    method: http::Method,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Vec<u8>,
+) -> Answer {
+    let mut request = http::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"))
+        .header("authorization", format!("Bearer {key}"))
+        .header("content-type", "application/json");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = client()
+        .request(request.body(Full::new(Bytes::from(body))).unwrap())
+        .await
+        .expect("the proxy answers");
+    let (head, body) = response.into_parts();
+    Answer {
+        status: head.status,
+        headers: head.headers,
+        body: body.collect().await.expect("a whole body").to_bytes(),
+    }
+}
+
+/// `text` as UTF-16 (little-endian, with its byte-order mark): Python's `json.loads` reads it.
+fn utf16(text: &str) -> Vec<u8> {
+    let mut out = vec![0xFF, 0xFE];
+    for unit in text.encode_utf16() {
+        out.extend_from_slice(&unit.to_le_bytes());
+    }
+    out
+}
+
+/// The spellings of one JSON body that a Python or JavaScript server reads as that body (and
+/// the proxy's gate reads so too), but that a strict parser refuses.
+fn lenient_spellings(body: &serde_json::Value) -> Vec<(&'static str, Vec<u8>)> {
+    let text = body.to_string();
+    let mut with_nan = body.clone();
+    with_nan["temperature"] = json!(0.5);
+    let with_nan = with_nan.to_string().replace("0.5", "NaN");
+    let surrogate = text.replacen('{', r#"{"user":"\ud800","#, 1);
+    vec![
+        (
+            "a byte-order mark",
+            [&b"\xEF\xBB\xBF"[..], text.as_bytes()].concat(),
+        ),
+        ("UTF-16", utf16(&text)),
+        ("NaN", with_nan.into_bytes()),
+        ("a lone surrogate", surrogate.into_bytes()),
+    ]
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stored objects belong to the tenant that created them, whatever the body's spelling.
+
+/// Bob can't continue Alice's response by spelling his body as a Python server still reads
+/// it (a byte-order mark, UTF-16, a `NaN`, a lone surrogate): the proxy reads the ids it names
+/// as the upstream will.
+#[tokio::test]
+async fn a_body_spelled_leniently_cannot_name_another_tenants_objects() {
+    use http::Method;
+    let upstream = Scripted::start(storing).await;
+    let name = fresh("lenient-owners-");
+    let var = format!("TOLLGATE_TEST_{}", name.replace('-', "_").to_uppercase());
+    real_key(&var);
+    let running = proxy(&owners_config(&name, &var, &upstream.url(), None)).await;
+    let addr = running.addr;
+    let ask = json!({"model": "gpt-4o", "input": "my secret plan", "max_output_tokens": 20});
+    let created = as_tenant(addr, ALICE, Method::POST, "/v1/responses", &ask).await;
+    assert_eq!(created.status, 200, "{}", created.body_str());
+    let id = created.json()["id"].as_str().unwrap().to_owned();
+    let seen_before = upstream.count.load(Ordering::SeqCst);
+    let continued = json!({"model": "gpt-4o", "input": "and?", "previous_response_id": id, "max_output_tokens": 20});
+    // A passed path too (other_paths = "pass"): a run on Alice's thread.
+    let run = json!({"assistant_id": "asst_x", "thread_id": id});
+    for (path, body) in [("/v1/responses", &continued), ("/v1/threads/runs", &run)] {
+        for (spelling, bytes) in lenient_spellings(body) {
+            let answer = raw_as(addr, BOB, Method::POST, path, &[], bytes).await;
+            assert_eq!(
+                answer.status,
+                404,
+                "{path} with {spelling}: {}",
+                answer.body_str()
+            );
+        }
+    }
+    assert_eq!(
+        upstream.count.load(Ordering::SeqCst),
+        seen_before,
+        "Bob reached nothing"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// A budget's overrun is bounded by one call, whatever the proxy can't see.
+
+/// The tenant's budget config of `holds`, with `$1/d`, and the upstream at `url`.
+fn dave(name: &str, url: &str) -> String {
+    let var = format!("TOLLGATE_TEST_{}", name.replace('-', "_").to_uppercase());
+    real_key(&var);
+    crate::holds::budget_config(name, &var, url)
+}
+
+/// A responses call whose input the proxy can't see (a file by URL): billed 60,000 tokens of
+/// input by the stand-ins here.
+fn unseen(model: &str) -> serde_json::Value {
+    json!({"model": model, "max_output_tokens": 10,
+        "input": [{"role": "user", "content": [
+            {"type": "input_file", "file_url": "https://example.com/report.pdf"},
+            {"type": "input_text", "text": "Summarise"}]}]})
+}
+
+/// What one such call is billed on gpt-4o: 60,000 tokens in at $2.50 a million, 10 out at $10.
+const UNSEEN_BILL: u64 = (60_000 * 2_500_000 + 10 * 10_000_000) / 1_000_000;
+
+/// A burst spelled leniently (a byte-order mark) is still one at a time until the first is
+/// billed, then reserved at the ceiling: it stops within one call of the budget.
+#[tokio::test]
+async fn a_body_spelled_leniently_still_reserves_the_inputs_the_proxy_cant_see() {
+    let upstream =
+        crate::holds::Slow::start(Duration::from_millis(300), crate::holds::hidden_usage).await;
+    let name = fresh("lenient-hidden-");
+    let running = proxy(&dave(&name, &format!("http://{}", upstream.addr))).await;
+    let body = [
+        &b"\xEF\xBB\xBF"[..],
+        unseen("gpt-4o").to_string().as_bytes(),
+    ]
+    .concat();
+    let calls: Vec<_> = (0..60)
+        .map(|_| {
+            let (addr, body) = (running.addr, body.clone());
+            tokio::spawn(async move {
+                raw_as(
+                    addr,
+                    "vk-dave-00000",
+                    http::Method::POST,
+                    "/v1/responses",
+                    &[],
+                    body,
+                )
+                .await
+                .status
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    for call in calls {
+        ok += u64::from(call.await.unwrap() == 200);
+    }
+    assert_eq!(upstream.answered.load(Ordering::SeqCst), ok);
+    assert!(
+        ok * UNSEEN_BILL <= 1_000_000 + UNSEEN_BILL,
+        "{ok} calls admitted: ${} billed of $1",
+        (ok * UNSEEN_BILL) as f64 / 1e6
+    );
+}
+
+/// Snapshots of one model are one model: calls with unseen inputs naming gpt-4o's dated
+/// snapshots still go one at a time until one is billed (each spelling had a turn of its own,
+/// so as many went at once, each reserved without its unseen input).
+#[tokio::test]
+async fn a_models_snapshots_share_its_turn_for_unseen_inputs() {
+    let arrivals = Arc::new(Mutex::new(Vec::new()));
+    let upstream = {
+        let arrivals = Arc::clone(&arrivals);
+        HostileUpstream::start(move |_, _| {
+            arrivals.lock().unwrap().push(std::time::Instant::now());
+            vec![
+                Step::Sleep(Duration::from_millis(300)),
+                Step::Write(hostile::json(
+                    200,
+                    &[],
+                    &json!({"id": "resp_x", "object": "response", "status": "completed", "output": [],
+                        "usage": {"input_tokens": 60_000, "output_tokens": 10, "total_tokens": 60_010}}),
+                )),
+            ]
+        })
+        .await
+    };
+    let name = fresh("snapshots-");
+    let running = proxy(&dave(&name, &upstream.url())).await;
+    let calls: Vec<_> = ["gpt-4o", "gpt-4o-2024-08-06", "gpt-4o-2024-11-20"]
+        .into_iter()
+        .map(|model| {
+            let addr = running.addr;
+            tokio::spawn(async move {
+                raw_as(
+                    addr,
+                    "vk-dave-00000",
+                    http::Method::POST,
+                    "/v1/responses",
+                    &[],
+                    unseen(model).to_string().into_bytes(),
+                )
+                .await
+                .status
+            })
+        })
+        .collect();
+    for call in calls {
+        assert_eq!(call.await.unwrap(), 200);
+    }
+    // The first call's answer takes 300 ms: the second can't have gone before it.
+    let mut arrivals = arrivals.lock().unwrap().clone();
+    arrivals.sort_unstable();
+    assert_eq!(arrivals.len(), 3);
+    let gap = arrivals[1] - arrivals[0];
+    assert!(
+        gap >= Duration::from_millis(300),
+        "the second went {gap:?} after the first"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// An error without usage spends no money.
+
+fn error_budget_config(name: &str, url: &str) -> String {
+    format!(
+        r#"
+        admin_listen = "127.0.0.1:0"
+        [tiers.team]
+        spend = "$1/365d"
+        spend_total = "$1/365d"
+        [tenants]
+        default_tier = "team"
+        from = "header:x-team"
+        trusted_network = true
+        [tenants.tier_of]
+        alice = "team"
+        [[upstream]]
+        name = "{name}"
+        url = "{url}"
+        profile = "openai"
+        requests = "1000/s"
+        spend = "$1/365d"
+        retries = 0
+        "#
+    )
+}
+
+async fn all_budgets_full(running: &tollgate_proxy::Running, name: &str) {
+    for key in [
+        "budget:tenant:alice".to_owned(),
+        "budget:tier:team".to_owned(),
+        format!("budget:upstream:{name}"),
+    ] {
+        let mut left = 0.0;
+        for _ in 0..100 {
+            left = budget_left(running, &key).await;
+            if left >= 1_000_000.0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            (1_000_000.0..1_000_000.5).contains(&left),
+            "{key} holds {left}"
+        );
+    }
+}
+
+/// A 429 handed on (a transient one with no retries left, and a spent quota) is billed
+/// nothing: every budget gets its reservation back.
+#[tokio::test]
+async fn a_429_handed_on_spends_no_money() {
+    let upstream = Scripted::start(|n, _| {
+        if n % 2 == 0 {
+            json_response(
+                429,
+                &[("retry-after", "0")],
+                &json!({"error": {"message": "Rate limit reached", "type": "requests", "param": null, "code": "rate_limit_exceeded"}}),
+            )
+        } else {
+            json_response(
+                429,
+                &[],
+                &json!({"error": {"message": "You exceeded your current quota", "type": "insufficient_quota", "param": null, "code": "insufficient_quota"}}),
+            )
+        }
+    })
+    .await;
+    let name = fresh("handed-429-");
+    let running = proxy(&error_budget_config(&name, &upstream.url())).await;
+    for _ in 0..4 {
+        let answer = send(
+            running.addr,
+            CHAT,
+            &[("x-team", "alice"), ("authorization", "Bearer sk-a")],
+            Bytes::from(chat("gpt-4o", 10_000).to_string()),
+        )
+        .await;
+        assert_eq!(answer.status, 429, "{}", answer.body_str());
+    }
+    all_budgets_full(&running, &name).await;
+}
+
+/// An error whose body the tenant doesn't wait for (it hangs up after the head) is billed
+/// nothing by the provider: every budget gets its reservation back all the same.
+#[tokio::test]
+async fn an_error_the_tenant_leaves_early_spends_no_money() {
+    let upstream = HostileUpstream::start(|_, _| {
+        let body = json!({"error": {"message": "bad request", "type": "invalid_request_error", "param": null, "code": null}}).to_string();
+        let mut out = hostile::head(
+            400,
+            &[
+                ("content-type", "application/json"),
+                ("content-length", &body.len().to_string()),
+            ],
+        );
+        out.extend_from_slice(&body.as_bytes()[..10]);
+        vec![
+            Step::Write(out),
+            Step::Sleep(Duration::from_millis(500)),
+            Step::Write(body.as_bytes()[10..].to_vec()),
+        ]
+    })
+    .await;
+    let name = fresh("left-error-");
+    let running = proxy(&error_budget_config(&name, &upstream.url())).await;
+    for _ in 0..3 {
+        let request = http::Request::post(format!("http://{}{CHAT}", running.addr))
+            .header("x-team", "alice")
+            .header("authorization", "Bearer sk-a")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(chat("gpt-4o", 10_000).to_string())))
+            .unwrap();
+        let response = client().request(request).await.unwrap();
+        assert_eq!(response.status(), 400);
+        drop(response);
+    }
+    all_budgets_full(&running, &name).await;
+}
