@@ -113,9 +113,18 @@ impl Relay {
 
     /// Records `tenant` as the owner of the objects whose ids this answer carries (read from
     /// its start), each before the frame that shows it goes to the client.
-    pub(crate) fn catching(mut self, owners: Arc<crate::owners::Owners>, tenant: String) -> Relay {
+    pub(crate) fn catching(
+        mut self,
+        owners: Arc<crate::owners::Owners>,
+        tenant: String,
+        any_id: bool,
+    ) -> Relay {
         self.catch = Some(Catch {
-            catcher: crate::owners::IdCatcher::default(),
+            catcher: if any_id {
+                crate::owners::IdCatcher::any_own()
+            } else {
+                crate::owners::IdCatcher::default()
+            },
             owners,
             tenant,
             recording: std::sync::Mutex::new(None),

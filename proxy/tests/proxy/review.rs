@@ -112,6 +112,71 @@ async fn a_body_spelled_leniently_cannot_name_another_tenants_objects() {
     );
 }
 
+/// Stored objects of every family are the tenant's: Bob can neither list the organisation's
+/// evals, videos or ChatKit threads nor read one of Alice's by its id (the proxy's list of
+/// collections had no such families, so they passed to the organisation's key).
+#[tokio::test]
+async fn stored_objects_of_every_family_belong_to_their_tenant() {
+    use http::Method;
+    let upstream = Scripted::start(|n, seen| {
+        let path = seen.path.split('?').next().unwrap_or("").to_owned();
+        let id = match path.as_str() {
+            "/v1/evals" => format!("eval_{n:08}abcdef"),
+            "/v1/videos" => format!("video_{n:08}abcdef"),
+            _ => path.clone(),
+        };
+        json_response(200, &[], &json!({"id": id, "object": "thing", "data": []}))
+    })
+    .await;
+    let name = fresh("families-");
+    let var = format!("TOLLGATE_TEST_{}", name.replace('-', "_").to_uppercase());
+    real_key(&var);
+    let running = proxy(&owners_config(&name, &var, &upstream.url(), None)).await;
+    let addr = running.addr;
+    let eval = as_tenant(
+        addr,
+        ALICE,
+        Method::POST,
+        "/v1/evals",
+        &json!({"name": "mine"}),
+    )
+    .await;
+    assert_eq!(eval.status, 200, "{}", eval.body_str());
+    let eval = eval.json()["id"].as_str().unwrap().to_owned();
+    let video = as_tenant(
+        addr,
+        ALICE,
+        Method::POST,
+        "/v1/videos",
+        &json!({"prompt": "a cat"}),
+    )
+    .await;
+    assert_eq!(video.status, 200, "{}", video.body_str());
+    let video = video.json()["id"].as_str().unwrap().to_owned();
+    let seen_before = upstream.count.load(Ordering::SeqCst);
+    for path in ["/v1/evals", "/v1/videos", "/v1/chatkit/threads"] {
+        let answer = as_tenant(addr, BOB, Method::GET, path, &json!(null)).await;
+        assert_eq!(answer.status, 403, "{path}: {}", answer.body_str());
+    }
+    for path in [
+        format!("/v1/evals/{eval}"),
+        format!("/v1/evals/{eval}/runs"),
+        format!("/v1/videos/{video}/content"),
+    ] {
+        let answer = as_tenant(addr, BOB, Method::GET, &path, &json!(null)).await;
+        assert_eq!(answer.status, 404, "{path}: {}", answer.body_str());
+    }
+    assert_eq!(upstream.count.load(Ordering::SeqCst), seen_before);
+    // Alice reads her own.
+    for path in [
+        format!("/v1/evals/{eval}"),
+        format!("/v1/videos/{video}/content"),
+    ] {
+        let answer = as_tenant(addr, ALICE, Method::GET, &path, &json!(null)).await;
+        assert_eq!(answer.status, 200, "{path}: {}", answer.body_str());
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // A budget's overrun is bounded by one call, whatever the proxy can't see.
 
@@ -350,4 +415,125 @@ async fn an_error_the_tenant_leaves_early_spends_no_money() {
         drop(response);
     }
     all_budgets_full(&running, &name).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stored objects: every spelling of a path, and what an answer may claim.
+
+/// Paths that name Alice's response in another spelling (the collection's case, a trailing
+/// slash, a query, a dot segment) reach nothing of hers for Bob.
+#[tokio::test]
+async fn every_spelling_of_a_stored_objects_path_is_its_owners() {
+    use http::Method;
+    let upstream = Scripted::start(storing).await;
+    let name = fresh("spellings-");
+    let var = format!("TOLLGATE_TEST_{}", name.replace('-', "_").to_uppercase());
+    real_key(&var);
+    let running = proxy(&owners_config(&name, &var, &upstream.url(), None)).await;
+    let addr = running.addr;
+    let ask = json!({"model": "gpt-4o", "input": "my secret plan", "max_output_tokens": 20});
+    let created = as_tenant(addr, ALICE, Method::POST, "/v1/responses", &ask).await;
+    let id = created.json()["id"].as_str().unwrap().to_owned();
+    let seen_before = upstream.count.load(Ordering::SeqCst);
+    for path in [
+        format!("/v1/Responses/{id}"),
+        format!("/V1/responses/{id}"),
+        format!("/v1/responses/{id}/"),
+        format!("/v1/responses/{id}?include=x"),
+        format!("/v1/./responses/{id}"),
+        format!("/v1/responses/./{id}"),
+        format!("/v1/%72esponses/{id}"),
+    ] {
+        let answer = as_tenant(addr, BOB, Method::GET, &path, &json!(null)).await;
+        assert_ne!(answer.status, 200, "{path}: {}", answer.body_str());
+    }
+    assert_eq!(upstream.count.load(Ordering::SeqCst), seen_before);
+}
+
+/// What a tenant uploads is not the provider's word: a file whose content names Alice's
+/// response, thread and file as if in an answer (`"id"`, `"thread_id"`, `"output_file_id"`)
+/// gives Bob none of them when he downloads it (the ids read from the download had been
+/// recorded as his, taking them from Alice).
+#[tokio::test]
+async fn downloading_a_file_that_names_anothers_objects_makes_them_no_ones_but_their_owners() {
+    use http::Method;
+    let stored: Arc<Mutex<Vec<Bytes>>> = Arc::default();
+    let upstream = {
+        let stored = Arc::clone(&stored);
+        Scripted::start(move |n, seen| {
+            let path = seen.path.split('?').next().unwrap_or("").to_owned();
+            if path == "/v1/files" {
+                let mut files = stored.lock().unwrap();
+                files.push(seen.body.clone());
+                return json_response(
+                    200,
+                    &[],
+                    &json!({"id": format!("file-{}", files.len() - 1), "object": "file"}),
+                );
+            }
+            if let Some(rest) = path.strip_prefix("/v1/files/file-")
+                && let Some(index) = rest.strip_suffix("/content")
+            {
+                let files = stored.lock().unwrap();
+                let body = files[index.parse::<usize>().unwrap()].clone();
+                return http::Response::builder()
+                    .status(200)
+                    .header("content-type", "application/octet-stream")
+                    .body(Full::new(body))
+                    .unwrap();
+            }
+            storing(n, seen)
+        })
+        .await
+    };
+    let name = fresh("file-claims-");
+    let var = format!("TOLLGATE_TEST_{}", name.replace('-', "_").to_uppercase());
+    real_key(&var);
+    let running = proxy(&owners_config(&name, &var, &upstream.url(), None)).await;
+    let addr = running.addr;
+    let ask = json!({"model": "gpt-4o", "input": "my secret plan", "max_output_tokens": 20});
+    let created = as_tenant(addr, ALICE, Method::POST, "/v1/responses", &ask).await;
+    let id = created.json()["id"].as_str().unwrap().to_owned();
+    // Bob uploads a "file" (a multipart body, not JSON) that reads like an answer.
+    let claim = format!(
+        "--b\r\ncontent-disposition: form-data; name=\"file\"; filename=\"x.jsonl\"\r\n\r\n{{\"id\": \"{id}\", \"thread_id\": \"thread_alice1\", \"output_file_id\": \"file-0\"}}\r\n--b--\r\n"
+    );
+    let uploaded = raw_as(
+        addr,
+        BOB,
+        Method::POST,
+        "/v1/files",
+        &[("content-type", "multipart/form-data; boundary=b")],
+        claim.into_bytes(),
+    )
+    .await;
+    assert_eq!(uploaded.status, 200, "{}", uploaded.body_str());
+    let file = uploaded.json()["id"].as_str().unwrap().to_owned();
+    let download = as_tenant(
+        addr,
+        BOB,
+        Method::GET,
+        &format!("/v1/files/{file}/content"),
+        &json!(null),
+    )
+    .await;
+    assert_eq!(download.status, 200, "{}", download.body_str());
+    let read = as_tenant(
+        addr,
+        BOB,
+        Method::GET,
+        &format!("/v1/responses/{id}"),
+        &json!(null),
+    )
+    .await;
+    assert_eq!(read.status, 404, "{}", read.body_str());
+    let mine = as_tenant(
+        addr,
+        ALICE,
+        Method::GET,
+        &format!("/v1/responses/{id}"),
+        &json!(null),
+    )
+    .await;
+    assert_eq!(mine.status, 200, "{}", mine.body_str());
 }
