@@ -231,6 +231,11 @@ impl Relay {
             return this.poll_inner(cx);
         }
         loop {
+            if let Some(scrub) = this.scrub.as_mut()
+                && let Some(trailers) = scrub.trailers.take()
+            {
+                return Poll::Ready(Some(Ok(trailers)));
+            }
             let polled = this.poll_inner(cx);
             let Some(scrub) = this.scrub.as_mut() else {
                 return polled;
@@ -245,7 +250,19 @@ impl Relay {
                         }
                         return Poll::Ready(Some(Ok(Frame::data(out))));
                     }
-                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                    // Trailers (which HTTP/2 always delivers, and HTTP/1.1 to a client that
+                    // asks) are masked too, after what the body held back.
+                    Err(mut frame) => {
+                        if let Some(trailers) = frame.trailers_mut() {
+                            mask_headers(&scrub.secrets, trailers);
+                        }
+                        let rest = scrub.flush();
+                        if rest.is_empty() {
+                            return Poll::Ready(Some(Ok(frame)));
+                        }
+                        scrub.trailers = Some(frame);
+                        return Poll::Ready(Some(Ok(Frame::data(rest))));
+                    }
                 },
                 Poll::Ready(None) => {
                     let rest = scrub.flush();
@@ -260,7 +277,11 @@ impl Relay {
     }
 
     fn scrubbed_end(&self) -> bool {
-        if self.scrub.as_ref().is_some_and(|s| !s.pending.is_empty()) {
+        if self
+            .scrub
+            .as_ref()
+            .is_some_and(|s| !s.pending.is_empty() || s.trailers.is_some())
+        {
             return false;
         }
         match &self.inner {
@@ -527,6 +548,8 @@ pub(crate) type Secrets = Vec<Vec<u8>>;
 pub(crate) struct Scrubber {
     secrets: Arc<Secrets>,
     pending: Vec<u8>,
+    /// Trailers that came while data was held back: handed on after it.
+    trailers: Option<Frame<Bytes>>,
 }
 
 impl Scrubber {
@@ -534,6 +557,7 @@ impl Scrubber {
         Scrubber {
             secrets,
             pending: Vec::new(),
+            trailers: None,
         }
     }
 

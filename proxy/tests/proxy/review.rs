@@ -11,7 +11,7 @@ use serde_json::json;
 use tollgate_testkit::hostile::{self, HostileUpstream, Step};
 
 use crate::common::*;
-use crate::holds::{ALICE, BOB, as_tenant, owners_config, real_key, storing};
+use crate::holds::{ALICE, BOB, REAL_KEY, as_tenant, owners_config, real_key, storing};
 use crate::org::{CHAT, budget_left, chat, fresh};
 
 /// Sends `body` as it is (bytes) to `path` as `key`'s tenant, with `headers`.
@@ -174,6 +174,79 @@ async fn stored_objects_of_every_family_belong_to_their_tenant() {
     ] {
         let answer = as_tenant(addr, ALICE, Method::GET, &path, &json!(null)).await;
         assert_eq!(answer.status, 200, "{path}: {}", answer.body_str());
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Nothing the organisation holds reaches a tenant, whatever shape the echo takes.
+
+fn scrub_config(name: &str, var: &str, url: &str) -> String {
+    format!(
+        r#"
+        [tenants]
+        virtual_keys = {{ "vk-bob-00000" = "bob" }}
+        [[upstream]]
+        name = "{name}"
+        url = "{url}"
+        profile = "openai"
+        requests = "1000/d"
+        retries = 0
+        api_key_env = "{var}"
+        "#
+    )
+}
+
+/// An upstream that echoes the key in a trailer field (after a chunked body) hands it to no
+/// tenant, whether the tenant reads over HTTP/2 (where trailers always pass) or asks for
+/// trailers over HTTP/1.1.
+#[tokio::test]
+async fn the_organisations_key_is_masked_in_trailers() {
+    let upstream = HostileUpstream::start(|_, request| {
+        let echoed = request.header("authorization").unwrap_or("").to_owned();
+        let body = chat_answer(5, 2).to_string();
+        vec![Step::Write(
+            format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\ntrailer: x-echo\r\nconnection: close\r\n\r\n{:x}\r\n{body}\r\n0\r\nx-echo: {echoed}\r\n\r\n",
+                body.len()
+            )
+            .into_bytes(),
+        )]
+    })
+    .await;
+    let name = fresh("trailers-");
+    let var = format!("TOLLGATE_TEST_{}", name.replace('-', "_").to_uppercase());
+    real_key(&var);
+    let running = proxy(&scrub_config(&name, &var, &upstream.url())).await;
+    let h2: hyper_util::client::legacy::Client<_, Full<Bytes>> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .http2_only(true)
+            .build_http();
+    for (path, method, body) in [
+        (CHAT, http::Method::POST, chat("gpt-4o", 10).to_string()),
+        ("/v1/models", http::Method::GET, String::new()),
+    ] {
+        for two in [true, false] {
+            let request = http::Request::builder()
+                .method(method.clone())
+                .uri(format!("http://{}{path}", running.addr))
+                .header("authorization", "Bearer vk-bob-00000")
+                .header("content-type", "application/json")
+                .header("te", "trailers")
+                .body(Full::new(Bytes::from(body.clone())))
+                .unwrap();
+            let response = if two {
+                h2.request(request).await
+            } else {
+                client().request(request).await
+            }
+            .expect("the proxy answers");
+            assert_eq!(response.status(), 200, "{path}");
+            let collected = response.into_body().collect().await.unwrap();
+            let trailers = format!("{:?}", collected.trailers());
+            let text = String::from_utf8_lossy(&collected.to_bytes()).into_owned();
+            assert!(!trailers.contains(REAL_KEY), "{path} h2 {two}: {trailers}");
+            assert!(!text.contains(REAL_KEY), "{path} h2 {two}: {text}");
+        }
     }
 }
 
