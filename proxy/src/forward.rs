@@ -19,6 +19,7 @@ use crate::answer::{ErrorKind, answer};
 use crate::relay::{Gapped, Relay, Unread};
 use crate::state::{ReadyUpstream, Shared, TENANT_PART, key_of, model_entry};
 use crate::tenant::{KEY_HEADERS, Tenant};
+use crate::upstream::Upstream;
 
 /// The headers that belong to one connection, never forwarded (RFC 9110 §7.6.1).
 const HOP_BY_HOP: [&str; 9] = [
@@ -116,6 +117,23 @@ fn unreachable_upstream(
     )
 }
 
+/// An answer in a content coding the proxy must read (to mask the organisation's keys, or read
+/// the usage) and can't.
+fn unreadable_coding(upstream: &ReadyUpstream, codings: &str) -> Response<Relay> {
+    upstream.metrics.upstream_errors.increment(1);
+    tracing::warn!(upstream = %upstream.name, codings = %crate::answer::printable(codings), "the upstream answered in a content coding the proxy can't read");
+    answer(
+        upstream.family,
+        ErrorKind::Upstream,
+        &format!(
+            "tollgate-proxy: upstream `{}` answered in a content coding the proxy can't read ({}), though it was asked for none",
+            upstream.name,
+            crate::answer::printable(codings)
+        ),
+        None,
+    )
+}
+
 fn silent_upstream(upstream: &ReadyUpstream) -> Response<Relay> {
     upstream.metrics.upstream_timeouts.increment(1);
     tracing::warn!(upstream = %upstream.name, "the upstream said nothing by the call's deadline");
@@ -133,6 +151,7 @@ fn silent_upstream(upstream: &ReadyUpstream) -> Response<Relay> {
 /// Sends an unmetered request (a free route, or a path passed on), bounded by the upstream's
 /// timeout for its head and its chunk timeout for its body.
 pub(crate) async fn unmetered(
+    shared: &Shared,
     upstream: &ReadyUpstream,
     parts: http::request::Parts,
     body: Bytes,
@@ -144,7 +163,14 @@ pub(crate) async fn unmetered(
         Err(_) => silent_upstream(upstream),
         Ok(Err(err)) => unreachable_upstream(upstream, &err),
         Ok(Ok(response)) => {
-            let (head, incoming) = response.into_parts();
+            let (mut head, incoming) = response.into_parts();
+            // The organisation's keys are masked in what the client reads: in the bytes as
+            // written, so a compressed answer is decoded first.
+            let masking = !shared.secrets.is_empty();
+            let incoming = match Upstream::new(incoming).decoding(&mut head.headers, masking) {
+                Ok(body) => body,
+                Err(codings) => return unreadable_coding(upstream, &codings),
+            };
             let body = Relay::plain(
                 incoming,
                 upstream.config.chunk_timeout,
@@ -723,7 +749,35 @@ pub(crate) async fn metered(
         let took = sent.elapsed();
         upstream_time += took;
         upstream.metrics.upstream_seconds.record(took.as_secs_f64());
-        let (head, incoming) = response.into_parts();
+        let (mut head, incoming) = response.into_parts();
+        // The usage is read, and the organisation's keys masked, in the bytes as written: an
+        // answer compressed though none was asked for is decoded first.
+        let mut incoming = match Upstream::new(incoming).decoding(&mut head.headers, true) {
+            Ok(body) => body,
+            Err(codings) => return unreadable_coding(&upstream, &codings),
+        };
+        // A member of a pool with another to move to has answered when its body's first frame
+        // comes, within the attempt's time: a head and then nothing (a stalled stream behind
+        // a live front) is a member that hangs, and the call moves on.
+        if others > 0 && head.status.is_success() {
+            let ahead = match attempt_deadline {
+                Some(until) => tokio::time::timeout_at(until, incoming.read_ahead())
+                    .await
+                    .unwrap_or_else(|_| Err("no first byte in the attempt's time".into())),
+                None => incoming.read_ahead().await,
+            };
+            if let Err(err) = ahead {
+                upstream.metrics.upstream_timeouts.increment(1);
+                sending.member_failed(&upstream, false);
+                drop(call);
+                if deadline.is_none_or(|d| Instant::now() < d) {
+                    upstream.metrics.moved.increment(1);
+                    tracing::warn!(upstream = %upstream.name, error = %err, "a pool member sent a head and then nothing in its attempt's time; the call moves on");
+                    continue;
+                }
+                return silent_upstream(&upstream);
+            }
+        }
         {
             let mut line = line.lock().unwrap_or_else(PoisonError::into_inner);
             line.wait_ms += waited.as_secs_f64() * 1e3;
@@ -873,7 +927,11 @@ pub(crate) async fn metered(
 
 /// The start of an error body (a 429's, for its code), read by the call's deadline and within
 /// 2 s, at most 64 KiB: what came by then.
-async fn short_body(body: hyper::body::Incoming, deadline: Option<Instant>) -> Bytes {
+async fn short_body<B>(body: B, deadline: Option<Instant>) -> Bytes
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     use http_body_util::BodyExt;
     let until = Instant::now() + Duration::from_secs(2);
     let until = deadline.map_or(until, |d| d.min(until));

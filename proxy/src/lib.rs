@@ -50,6 +50,7 @@ mod route;
 mod state;
 mod tally;
 mod tenant;
+mod upstream;
 
 pub use accept::{Drained, Proxy, Reloader, Running};
 pub use config::{Config, ConfigError};

@@ -304,7 +304,7 @@ async fn serve(
                 timeout: shared.bounds.write_timeout,
                 counter: shared.proxy_metrics.unread_closed.clone(),
             };
-            unmetered(&upstream, parts, body, &unread).await
+            unmetered(shared, &upstream, parts, body, &unread).await
         }
         route::RouteKind::Metered => {
             // The usage can only be read from bytes as they were written.

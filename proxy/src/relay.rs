@@ -12,10 +12,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use metrics::Counter;
 use tokio::time::{Instant, Sleep};
 use tollgate::http::MeteredBody;
+
+use crate::upstream::Upstream;
 
 /// An error of the body the client reads.
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -44,9 +45,9 @@ struct Catch {
 
 enum Inner {
     Full(Option<Bytes>),
-    Plain(Watched<Gapped<Incoming>>),
+    Plain(Watched<Gapped<Upstream>>),
     Metered {
-        body: Watched<Box<MeteredBody<Gapped<Incoming>>>>,
+        body: Watched<Box<MeteredBody<Gapped<Upstream>>>>,
         /// A server-sent stream (for counting streams a client left).
         stream: bool,
         /// Streams the client left before their end.
@@ -68,7 +69,7 @@ impl Relay {
 
     /// The upstream's body, handed on unmetered; cut when the client stops reading it for
     /// `unread` (see [`Watched`]).
-    pub(crate) fn plain(body: Incoming, gap: Duration, stalled: Counter, unread: Unread) -> Relay {
+    pub(crate) fn plain(body: Upstream, gap: Duration, stalled: Counter, unread: Unread) -> Relay {
         Relay {
             inner: Inner::Plain(Watched::new(Gapped::new(body, gap, stalled), unread)),
             held: None,
@@ -79,7 +80,7 @@ impl Relay {
 
     /// The upstream's body, metered.
     pub(crate) fn metered(
-        body: Box<MeteredBody<Gapped<Incoming>>>,
+        body: Box<MeteredBody<Gapped<Upstream>>>,
         stream: bool,
         left: Counter,
         unread: Unread,

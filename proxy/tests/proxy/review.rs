@@ -250,6 +250,80 @@ async fn the_organisations_key_is_masked_in_trailers() {
     }
 }
 
+/// An upstream that compresses its answer though the proxy asked for none (a CDN or a server
+/// that always does) can't slip the key past the mask inside gzip or deflate; an answer in a
+/// coding the proxy can't read is not handed on at all (502).
+#[tokio::test]
+async fn the_organisations_key_is_masked_in_a_compressed_echo() {
+    use std::io::Write as _;
+    let upstream = HostileUpstream::start(move |n, request| {
+        let echoed = request.header("authorization").unwrap_or("").to_owned();
+        let (status, body) = if n % 2 == 0 {
+            (401, json!({"error": {"message": format!("bad key: {echoed}"), "type": "invalid_request_error", "param": null, "code": "invalid_api_key"}}))
+        } else {
+            let mut answer = chat_answer(5, 2);
+            answer["choices"][0]["message"]["content"] = json!(echoed);
+            (200, answer)
+        };
+        let text = body.to_string();
+        let (coding, body) = match (n / 2) % 3 {
+            0 => {
+                let mut encoder =
+                    flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+                encoder.write_all(text.as_bytes()).unwrap();
+                ("gzip", encoder.finish().unwrap())
+            }
+            1 => {
+                let mut encoder =
+                    flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+                encoder.write_all(text.as_bytes()).unwrap();
+                ("deflate", encoder.finish().unwrap())
+            }
+            // Not zstd at all: the key in plain, under a coding the proxy doesn't decode.
+            _ => ("zstd", text.into_bytes()),
+        };
+        let mut out = hostile::head(
+            status,
+            &[
+                ("content-type", "application/json"),
+                ("content-encoding", coding),
+                ("content-length", &body.len().to_string()),
+            ],
+        );
+        out.extend_from_slice(&body);
+        vec![Step::Write(out)]
+    })
+    .await;
+    let name = fresh("gzip-echo-");
+    let var = format!("TOLLGATE_TEST_{}", name.replace('-', "_").to_uppercase());
+    real_key(&var);
+    let running = proxy(&scrub_config(&name, &var, &upstream.url())).await;
+    for n in 0..12 {
+        // Metered calls and free ones (the models), each coding in an error and an answer.
+        let (path, method, body) = if n < 6 {
+            (
+                CHAT,
+                http::Method::POST,
+                chat("gpt-4o", 10).to_string().into_bytes(),
+            )
+        } else {
+            ("/v1/models", http::Method::GET, Vec::new())
+        };
+        let answer = raw_as(running.addr, "vk-bob-00000", method, path, &[], body).await;
+        let text = answer.body_str();
+        assert!(!text.contains(REAL_KEY), "{path} {}: {text}", answer.status);
+        assert!(
+            answer.headers.get("content-encoding").is_none(),
+            "{path} {n}"
+        );
+        if (n / 2) % 3 == 2 {
+            assert_eq!(answer.status, 502, "{path} {n}: {text}");
+        } else {
+            assert!(text.contains("Bearer [redacted]***"), "{path} {n}: {text}");
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // A budget's overrun is bounded by one call, whatever the proxy can't see.
 
@@ -488,6 +562,59 @@ async fn an_error_the_tenant_leaves_early_spends_no_money() {
         drop(response);
     }
     all_budgets_full(&running, &name).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pools that route around trouble.
+
+/// A member that sends a stream's head and then nothing (a stalled backend behind a live
+/// front) is a dead member: every streamed call is answered whole by the other member, none
+/// waits for the chunk timeout, and the dead one is ejected.
+#[tokio::test]
+async fn a_pool_member_that_stalls_after_its_head_is_routed_around() {
+    let east =
+        HostileUpstream::start(|_, _| vec![Step::Write(hostile::stream_head(&[])), Step::Hold])
+            .await;
+    let west = crate::org::roomy().await;
+    let name = fresh("stall-");
+    let limits = "requests = \"1000/d\"\ntimeout_seconds = 4\nchunk_timeout_seconds = 3";
+    let running = proxy(&crate::org::pool_config(
+        &name,
+        &east.url(),
+        &format!("http://{}", west.addr),
+        limits,
+        limits,
+    ))
+    .await;
+    let mut body = chat("gpt-4o", 10);
+    body["stream"] = json!(true);
+    let calls: Vec<_> = (0..20)
+        .map(|_| {
+            let (addr, body) = (running.addr, body.clone());
+            tokio::spawn(async move {
+                let began = std::time::Instant::now();
+                let request = http::Request::post(format!("http://{addr}{CHAT}"))
+                    .header("content-type", "application/json")
+                    .body(Full::new(Bytes::from(body.to_string())))
+                    .unwrap();
+                let response = client().request(request).await.unwrap();
+                let status = response.status();
+                let whole = response
+                    .into_body()
+                    .collect()
+                    .await
+                    .map(|c| String::from_utf8_lossy(&c.to_bytes()).contains("[DONE]"))
+                    .unwrap_or(false);
+                (status, whole, began.elapsed())
+            })
+        })
+        .collect();
+    for call in calls {
+        let (status, whole, took) = call.await.unwrap();
+        assert_eq!(status, 200);
+        assert!(whole, "a stream broke off after {took:?}");
+        assert!(took < Duration::from_secs(3), "took {took:?}");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
