@@ -336,6 +336,15 @@ pub(crate) async fn prepare(
         let read = estimated.body().map_or(&body[..], |b| &b[..]);
         let value = crate::lenient::read(read);
         if crate::hidden::unmeasured(&value) {
+            // A background response answers at once, queued, and is billed later, where the
+            // proxy doesn't see it: its unseen input can't be learnt, nor settled (it had freed
+            // its turn as soon as it was queued, and been settled at its visible estimate).
+            if value.get("background").and_then(serde_json::Value::as_bool) == Some(true) {
+                return Err(Refusal::new(
+                    ErrorKind::Invalid,
+                    "tollgate-proxy: under a budget, a background call can't bring input the proxy can't see (a previous response, a file by reference, a server-side tool): it is billed after its answer, where the proxy doesn't see it; send it in the foreground",
+                ));
+            }
             let who = tenant.map_or("-", |t| t.name.as_str()).to_owned();
             let model = estimated.model().unwrap_or("-").to_owned();
             let (mut most, turn) = shared.hidden.ceiling(&who, &model);

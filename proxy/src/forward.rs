@@ -523,6 +523,9 @@ pub(crate) async fn metered(
         alone,
     } = prepared;
     let family = upstream.family;
+    // Its bill teaches what such calls cost: read to its end even if the client leaves it.
+    let drain = hidden.is_some();
+    let visible = attempts.estimated().input_tokens();
     let deadline = attempts.deadline();
     let started = Instant::now();
     let model = attempts.estimated().model().map(crate::answer::printable);
@@ -590,10 +593,18 @@ pub(crate) async fn metered(
             // A call with inputs the proxy can't see teaches what such calls are billed (an
             // error's usage, the estimate, teaches nothing); its turn ends with it.
             let status = line.lock().unwrap_or_else(PoisonError::into_inner).status;
-            if let (Some((tenant, model)), Some(_)) = (&hidden, settlement.usage)
+            let reported = settlement.reported;
+            // Whether the provider said what the input was billed. An answer that reports
+            // none is settled with the visible estimate in its place (`Call::finish`): that
+            // is no bill, and teaches nothing (learnt, it had made the ceiling the estimate).
+            let billed = reported.input.is_some()
+                && !(reported.input == Some(visible)
+                    && reported.cache_read.is_none()
+                    && reported.cache_write.is_none());
+            if let Some((tenant, model)) = &hidden
+                && billed
                 && (200..400).contains(&status)
             {
-                let reported = settlement.reported;
                 let input = reported
                     .input
                     .unwrap_or(0)
@@ -609,7 +620,24 @@ pub(crate) async fn metered(
                     });
                 }
             }
-            drop(alone);
+            match alone {
+                // The call that went alone, answered without its bill (its usage never came:
+                // an upstream that reports none, a stream cut before its end even when read
+                // on): nothing was learned, and the next such call would go alone as blind as
+                // it did. The turn is kept, so such calls of this tenant and model wait (429
+                // past their deadline) until a ceiling is learned, here or by the fleet.
+                Some(turn) if !billed && (200..300).contains(&status) => {
+                    turn.forget();
+                    if let Some((tenant, model)) = &hidden {
+                        tracing::warn!(
+                            tenant = %crate::answer::printable(tenant),
+                            model = %crate::answer::printable(model),
+                            "a call with inputs the proxy can't see was answered without its usage; such calls of this tenant and model are held until one is billed"
+                        );
+                    }
+                }
+                turn => drop(turn),
+            }
             if let Some(usage) = settlement.usage {
                 settled.increment(usage.tokens.unwrap_or(0) + usage.output_tokens.unwrap_or(0));
             }
@@ -884,7 +912,10 @@ pub(crate) async fn metered(
                     timeout: shared.bounds.write_timeout,
                     counter: shared.proxy_metrics.unread_closed.clone(),
                 };
-                return relayed(head, Relay::metered(metered, stream, cut_short, unread));
+                return relayed(
+                    head,
+                    Relay::metered(metered, stream, cut_short, unread, drain),
+                );
             }
             Next::Retry(delay) => {
                 upstream.metrics.upstream_429s_transient.increment(1);

@@ -47,7 +47,7 @@ enum Inner {
     Full(Option<Bytes>),
     Plain(Watched<Gapped<Upstream>>),
     Metered {
-        body: Watched<Box<MeteredBody<Gapped<Upstream>>>>,
+        body: Watched<Draining>,
         /// A server-sent stream (for counting streams a client left).
         stream: bool,
         /// Streams the client left before their end.
@@ -78,16 +78,24 @@ impl Relay {
         }
     }
 
-    /// The upstream's body, metered.
+    /// The upstream's body, metered; read to its end by the proxy when the client leaves it
+    /// early if `drain` (see [`Draining`]).
     pub(crate) fn metered(
         body: Box<MeteredBody<Gapped<Upstream>>>,
         stream: bool,
         left: Counter,
         unread: Unread,
+        drain: bool,
     ) -> Relay {
         Relay {
             inner: Inner::Metered {
-                body: Watched::new(body, unread),
+                body: Watched::new(
+                    Draining {
+                        body: Some(body),
+                        drain,
+                    },
+                    unread,
+                ),
                 stream,
                 left,
                 ended: false,
@@ -475,7 +483,7 @@ impl<B: Send + 'static> Watched<B> {
     }
 }
 
-impl<B> Watched<Box<MeteredBody<B>>> {
+impl Watched<Draining> {
     /// The metered body's call is not settled yet.
     fn settling(&self) -> bool {
         self.watch
@@ -483,7 +491,67 @@ impl<B> Watched<Box<MeteredBody<B>>> {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .as_ref()
+            .and_then(|draining| draining.body.as_ref())
             .is_some_and(|body| body.is_settling())
+    }
+}
+
+/// The most a body left by its client is read on by the proxy.
+const DRAIN_MOST: Duration = Duration::from_secs(600);
+
+/// A metered body that, when its client leaves it before its end (hangs up, or stops reading),
+/// is read on to its end by the proxy, within [`DRAIN_MOST`] and the upstream's chunk timeout,
+/// so that its call settles with the usage its provider reports rather than its reservation.
+/// Calls with inputs the proxy can't see drain: their bill is what teaches the ceiling such
+/// calls are reserved at, and a tenant that left each such stream early had kept every one at
+/// its visible estimate (the provider bills the whole input of a call cut short). The output
+/// read on is within what the call reserved.
+pub(crate) struct Draining {
+    body: Option<Box<MeteredBody<Gapped<Upstream>>>>,
+    drain: bool,
+}
+
+impl Body for Draining {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut().body.as_mut() {
+            Some(body) => Pin::new(body).poll_frame(cx),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.as_ref().is_none_or(|b| b.is_end_stream())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), |b| b.size_hint())
+    }
+}
+
+impl Drop for Draining {
+    fn drop(&mut self) {
+        let Some(mut body) = self.body.take() else {
+            return;
+        };
+        if !self.drain || !body.is_settling() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            use http_body_util::BodyExt as _;
+            let read_on = async { while let Some(Ok(_)) = body.frame().await {} };
+            let _ = tokio::time::timeout(DRAIN_MOST, read_on).await;
+        });
     }
 }
 

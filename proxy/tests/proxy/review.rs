@@ -444,6 +444,143 @@ async fn a_models_snapshots_share_its_turn_for_unseen_inputs() {
     );
 }
 
+/// A stream of a call with unseen inputs that the tenant leaves after its first event, again
+/// and again: the provider bills each its 60,000 tokens of input, and the budget still stops
+/// the tenant within one call's bill of its end (each left call had kept only its reservation
+/// without the unseen input and freed its turn, so the next went alone too, unbounded).
+#[tokio::test]
+async fn leaving_streams_with_unseen_inputs_cannot_take_a_budget_past_one_call() {
+    let upstream = HostileUpstream::start(|_, _| {
+        let created = json!({"type": "response.created", "response": {"id": "resp_s", "object": "response", "status": "in_progress"}});
+        let done = json!({"type": "response.completed", "response": {"id": "resp_s", "object": "response", "status": "completed",
+            "output": [], "usage": {"input_tokens": 60_000, "output_tokens": 10, "total_tokens": 60_010}}});
+        vec![
+            Step::Write(hostile::stream_head(&[])),
+            Step::Write(format!("event: response.created\ndata: {created}\n\n").into_bytes()),
+            Step::Sleep(Duration::from_millis(200)),
+            Step::Write(format!("event: response.completed\ndata: {done}\n\n").into_bytes()),
+        ]
+    })
+    .await;
+    let name = fresh("left-hidden-");
+    let running = proxy(&dave(&name, &upstream.url())).await;
+    let mut body = unseen("gpt-4o");
+    body["stream"] = json!(true);
+    let mut admitted = 0u64;
+    for _ in 0..20 {
+        let request = http::Request::post(format!("http://{}/v1/responses", running.addr))
+            .header("authorization", "Bearer vk-dave-00000")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.to_string())))
+            .unwrap();
+        let response = client().request(request).await.unwrap();
+        if response.status() != 200 {
+            continue;
+        }
+        admitted += 1;
+        // The first event, then the tenant hangs up.
+        let mut body = response.into_body();
+        let _ = body.frame().await;
+        drop(body);
+    }
+    // The proxy read each left stream to its end: its bill taught the ceiling, and the calls
+    // after the first were reserved at it (not refused for want of a turn).
+    assert!(admitted >= 2, "{admitted} calls admitted");
+    assert!(
+        admitted * UNSEEN_BILL <= 1_000_000 + UNSEEN_BILL,
+        "{admitted} calls admitted: ${} billed of $1",
+        (admitted * UNSEEN_BILL) as f64 / 1e6
+    );
+}
+
+/// A background response (`"background": true`) with unseen inputs answers at once, queued,
+/// without its usage, which comes later where the proxy doesn't see it: under a budget such a
+/// call is refused (each had gone alone, reserved without its unseen input, freed its turn as
+/// soon as it was queued and settled at its visible estimate, 20 of 20 admitted under $1 for
+/// $3 billed), before and after a call in the foreground taught the ceiling.
+#[tokio::test]
+async fn background_calls_with_unseen_inputs_cannot_take_a_budget_past_one_call() {
+    let upstream = Scripted::start(|n, seen| {
+        let body: serde_json::Value = serde_json::from_slice(&seen.body).unwrap_or_default();
+        if body["background"] == json!(true) {
+            json_response(
+                200,
+                &[],
+                &json!({"id": format!("resp_bg{n}"), "object": "response", "status": "queued", "output": []}),
+            )
+        } else {
+            json_response(
+                200,
+                &[],
+                &json!({"id": format!("resp_fg{n}"), "object": "response", "status": "completed", "output": [],
+                    "usage": {"input_tokens": 60_000, "output_tokens": 10, "total_tokens": 60_010}}),
+            )
+        }
+    })
+    .await;
+    let name = fresh("background-");
+    let running = proxy(&dave(&name, &upstream.url())).await;
+    let foreground = unseen("gpt-4o");
+    let mut background = foreground.clone();
+    background["background"] = json!(true);
+    let call = |body: &serde_json::Value| {
+        raw_as(
+            running.addr,
+            "vk-dave-00000",
+            http::Method::POST,
+            "/v1/responses",
+            &[],
+            body.to_string().into_bytes(),
+        )
+    };
+    let mut admitted = 0u64;
+    for i in 0..20 {
+        if i == 10 {
+            assert_eq!(call(&foreground).await.status, 200);
+            admitted += 1;
+        }
+        let answer = call(&background).await;
+        assert_eq!(answer.status, 400, "{}", answer.body_str());
+    }
+    assert_eq!(upstream.count.load(Ordering::SeqCst), admitted);
+}
+
+/// The call that goes alone and is answered without its usage (an upstream that reports none)
+/// teaches nothing: the next such call doesn't go alone as blind as it did (it had, and so
+/// every call after it, each kept at its visible estimate), but waits for a ceiling, and is
+/// refused 429 by its deadline.
+#[tokio::test]
+async fn a_call_with_unseen_inputs_answered_without_its_bill_holds_the_next() {
+    let upstream = Scripted::start(|n, _| {
+        json_response(
+            200,
+            &[],
+            &json!({"id": format!("resp_{n}"), "object": "response", "status": "completed", "output": []}),
+        )
+    })
+    .await;
+    let name = fresh("unbilled-");
+    let running = proxy(&format!(
+        "{}timeout_seconds = 1\n",
+        dave(&name, &upstream.url())
+    ))
+    .await;
+    let call = || {
+        raw_as(
+            running.addr,
+            "vk-dave-00000",
+            http::Method::POST,
+            "/v1/responses",
+            &[],
+            unseen("gpt-4o").to_string().into_bytes(),
+        )
+    };
+    assert_eq!(call().await.status, 200);
+    let held = call().await;
+    assert_eq!(held.status, 429, "{}", held.body_str());
+    assert_eq!(upstream.count.load(Ordering::SeqCst), 1);
+}
+
 // ---------------------------------------------------------------------------------------------
 // An error without usage spends no money.
 
