@@ -755,6 +755,30 @@ async fn a_pool_member_that_stalls_after_its_head_is_routed_around() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Operators' data for operators.
+
+/// A password with `/`, `?` or `#` in it (unescaped, as a careless operator pastes it) is
+/// masked all the same in every error that quotes its URL.
+#[test]
+fn a_url_password_with_any_character_is_masked() {
+    for url in [
+        "https://user:pa/ss-hunter2@api.example.com",
+        "https://user:pa?ss-hunter2@api.example.com",
+        "https://user:pa#ss-hunter2@api.example.com",
+        "redis://:p/w?x#hunter2@10.0.0.5:6379",
+    ] {
+        let shown = tollgate_proxy::config::masked(&format!("redis: bad url `{url}`: it failed"));
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(!shown.contains("pa"), "{shown}");
+        let file = format!("[[upstream]]\nurl = \"{url}\"\nrequests = \"1/s\"\n");
+        if let Err(err) = tollgate_proxy::Config::from_toml(&file) {
+            let text = format!("{err} {err:?}");
+            assert!(!text.contains("hunter2"), "{text}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Stored objects: every spelling of a path, and what an answer may claim.
 
 /// Paths that name Alice's response in another spelling (the collection's case, a trailing
