@@ -74,17 +74,33 @@ pub(crate) fn upstream_head(
         parts.headers.remove(name);
     }
     if let Some((name, value)) = &upstream.real_key {
-        for key_header in KEY_HEADERS {
-            parts.headers.remove(key_header);
-        }
+        // A header is dropped in any spelling a server may read as it: servers that read
+        // headers as CGI variables (`HTTP_OPENAI_ORGANIZATION`) take `OpenAI_Organization` for
+        // `OpenAI-Organization`.
+        let drop_spellings = |headers: &mut HeaderMap, names: &[&str]| {
+            let spelled: Vec<HeaderName> = headers
+                .keys()
+                .filter(|k| {
+                    let k = k.as_str().replace('_', "-");
+                    names.contains(&k.as_str())
+                })
+                .cloned()
+                .collect();
+            for name in spelled {
+                headers.remove(name);
+            }
+        };
+        drop_spellings(&mut parts.headers, &KEY_HEADERS);
         parts.headers.insert(name.clone(), value.clone());
         // Answers come back as written, so that an echo of the real key can be masked.
         parts.headers.remove(header::ACCEPT_ENCODING);
         // The organisation or project a call is billed to is the organisation's to choose,
         // never a tenant's, unless the upstream's configuration lets the tenant choose.
         if !upstream.config.tenant_org_headers {
-            parts.headers.remove("openai-organization");
-            parts.headers.remove("openai-project");
+            drop_spellings(
+                &mut parts.headers,
+                &["openai-organization", "openai-project"],
+            );
         }
     }
     Some(parts)

@@ -779,6 +779,42 @@ fn a_url_password_with_any_character_is_masked() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The organisation and project billed are the organisation's to choose.
+
+/// A tenant can't choose the organisation or project billed by spelling the header with an
+/// underscore (`OpenAI_Organization`), which servers that read headers as CGI variables take
+/// for the same header.
+#[tokio::test]
+async fn a_tenant_cannot_choose_the_organisation_billed_with_an_underscored_header() {
+    let upstream = Scripted::start(|_, _| json_response(200, &[], &chat_answer(5, 2))).await;
+    let name = fresh("org-underscore-");
+    let var = format!("TOLLGATE_TEST_{}", name.replace('-', "_").to_uppercase());
+    real_key(&var);
+    let running = proxy(&scrub_config(&name, &var, &upstream.url())).await;
+    let answer = send(
+        running.addr,
+        CHAT,
+        &[
+            ("authorization", "Bearer vk-bob-00000"),
+            ("openai_organization", "org-someone-else"),
+            ("OpenAI_Project", "proj_someone_else"),
+        ],
+        Bytes::from(chat("gpt-4o", 10).to_string()),
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{}", answer.body_str());
+    let seen = upstream.seen.lock().unwrap().last().cloned().unwrap();
+    for (name, _) in &seen.headers {
+        let name = name.as_str().replace('_', "-");
+        assert!(
+            name != "openai-organization" && name != "openai-project",
+            "{:?}",
+            seen.headers
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Stored objects: every spelling of a path, and what an answer may claim.
 
 /// Paths that name Alice's response in another spelling (the collection's case, a trailing
