@@ -779,6 +779,71 @@ fn a_url_password_with_any_character_is_masked() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Images at their model's rule, whatever the model is called.
+
+/// Ten high-detail images by URL on a model that bills gpt-4o-mini's rule (2,833 an image and
+/// 5,667 a tile) cost about $0.07 of input: a `$0.01` budget can never pay for such a call,
+/// whether the model is gpt-4o-mini, a fine-tune of it (`ft:gpt-4o-mini:...`, billed at its
+/// base model's rule) or an Azure deployment that serves it (they were reserved at gpt-4o's
+/// 85 and 170, 33 times less, and passed).
+#[tokio::test]
+async fn images_are_reserved_at_the_rule_of_the_model_that_reads_them() {
+    let upstream = Scripted::start(|_, _| json_response(200, &[], &chat_answer(5, 2))).await;
+    let image = json!({"type": "image_url", "image_url": {"url": "https://example.com/page.png", "detail": "high"}});
+    let content: Vec<_> = std::iter::repeat_n(image, 10).collect();
+    let body = |model: &str| {
+        let mut body =
+            json!({"max_tokens": 10, "messages": [{"role": "user", "content": content}]});
+        if !model.is_empty() {
+            body["model"] = json!(model);
+        }
+        Bytes::from(body.to_string())
+    };
+    let name = fresh("ft-images-");
+    let running = proxy(&format!(
+        r#"
+        [[upstream]]
+        name = "{name}"
+        url = "{}"
+        profile = "openai"
+        requests = "1000/d"
+        spend = "$0.01/d"
+        [upstream.models."ft:gpt-4o-mini-2024-07-18:acme::abc123"]
+        price = {{ input = 0.30, cached_input = 0.15, output = 1.20 }}
+        [[upstream]]
+        name = "{name}-azure"
+        url = "{}"
+        profile = "azure-openai"
+        requests = "1000/d"
+        spend = "$0.01/d"
+        mount = "/azure"
+        [upstream.models."prod-mini"]
+        model = "gpt-4o-mini"
+        "#,
+        upstream.url(),
+        upstream.url()
+    ))
+    .await;
+    for (path, model) in [
+        (CHAT, "gpt-4o-mini"),
+        (CHAT, "ft:gpt-4o-mini-2024-07-18:acme::abc123"),
+        (
+            "/azure/openai/deployments/prod-mini/chat/completions?api-version=2024-10-21",
+            "",
+        ),
+    ] {
+        let answer = send(running.addr, path, &[("api-key", "k")], body(model)).await;
+        assert_eq!(answer.status, 429, "{path} {model}: {}", answer.body_str());
+        assert_eq!(
+            answer.json()["error"]["code"],
+            "insufficient_quota",
+            "{path} {model}"
+        );
+    }
+    assert_eq!(upstream.count.load(Ordering::SeqCst), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
 // The organisation and project billed are the organisation's to choose.
 
 /// A tenant can't choose the organisation or project billed by spelling the header with an
