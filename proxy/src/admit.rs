@@ -392,7 +392,15 @@ pub(crate) async fn prepare(
                 ));
             }
             let who = tenant.map_or("-", |t| t.name.as_str()).to_owned();
-            let model = estimated.model().unwrap_or("-").to_owned();
+            // A model's snapshots are the model (`gpt-4o-2024-08-06` is gpt-4o's): each name
+            // had a turn of its own, so as many such calls went at once, each blind.
+            let model = estimated.model().map_or_else(
+                || "-".to_owned(),
+                |m| {
+                    model_entry(&upstream.config, &upstream.profile, m)
+                        .unwrap_or_else(|| m.to_owned())
+                },
+            );
             let (mut most, turn) = shared.hidden.ceiling(&who, &model);
             if most.is_none()
                 && let Some(shared_most) = shared.owners.ceiling_of(&who, &model).await

@@ -290,8 +290,9 @@ pub(crate) fn touches(method: &http::Method, path: &str, body: &Value) -> Touche
 /// Fields other than `..._id` that name a stored object, as an id or as `{"id": ...}`.
 const NAMING: [&str; 2] = ["conversation", "container"];
 
-/// The ids a body names in fields that name objects: `..._id` (a string) and `..._ids` (a list
-/// of strings), and `conversation`, when the value has an id's prefix.
+/// The ids a body names in fields that name objects: `..._id`, `id` and `..._file` (a string),
+/// `..._ids` and `..._files` (a list of strings), `conversation` and `container`, when the value
+/// has an id's prefix.
 fn named_in(value: &Value, depth: usize, out: &mut Vec<String>) {
     if depth > 64 || out.len() > 1_000 {
         return;
@@ -301,8 +302,14 @@ fn named_in(value: &Value, depth: usize, out: &mut Vec<String>) {
         Value::Object(map) => {
             for (key, value) in map {
                 match value {
+                    // `..._id`; `id` itself (an eval's data source `{"type": "file_id", "id":
+                    // ...}`); `..._file` (a fine-tuning job's `training_file` and
+                    // `validation_file`); `conversation`, `container`.
                     Value::String(text)
-                        if (key.ends_with("_id") || NAMING.contains(&key.as_str()))
+                        if (key.ends_with("_id")
+                            || key == "id"
+                            || key.ends_with("_file")
+                            || NAMING.contains(&key.as_str()))
                             && is_id(text) =>
                     {
                         out.push(text.clone());
@@ -316,7 +323,7 @@ fn named_in(value: &Value, depth: usize, out: &mut Vec<String>) {
                         }
                         named_in(value, depth + 1, out);
                     }
-                    Value::Array(items) if key.ends_with("_ids") => {
+                    Value::Array(items) if key.ends_with("_ids") || key.ends_with("_files") => {
                         out.extend(
                             items
                                 .iter()

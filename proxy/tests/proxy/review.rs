@@ -412,6 +412,20 @@ async fn a_models_snapshots_share_its_turn_for_unseen_inputs() {
     };
     let name = fresh("snapshots-");
     let running = proxy(&dave(&name, &upstream.url())).await;
+    // The key's first call goes alone (the gate waits for its answer's headers): past it,
+    // what holds the calls below back is their unseen input alone.
+    let warm = json!({"model": "gpt-4o", "max_output_tokens": 10, "input": "hello"});
+    let warmed = raw_as(
+        running.addr,
+        "vk-dave-00000",
+        http::Method::POST,
+        "/v1/responses",
+        &[],
+        warm.to_string().into_bytes(),
+    )
+    .await;
+    assert_eq!(warmed.status, 200);
+    arrivals.lock().unwrap().clear();
     let calls: Vec<_> = ["gpt-4o", "gpt-4o-2024-08-06", "gpt-4o-2024-11-20"]
         .into_iter()
         .map(|model| {
@@ -998,4 +1012,117 @@ async fn downloading_a_file_that_names_anothers_objects_makes_them_no_ones_but_t
     )
     .await;
     assert_eq!(mine.status, 200, "{}", mine.body_str());
+}
+
+/// Fields that name a stored object without ending in `_id`: a fine-tuning job's
+/// `training_file` and `validation_file`, an eval run's data source `{"type": "file_id",
+/// "id": ...}`. Bob can't fine-tune on Alice's file or run an eval over it (they went up).
+#[tokio::test]
+async fn a_body_cannot_name_anothers_file_in_any_field() {
+    use http::Method;
+    let upstream = Scripted::start(storing).await;
+    let name = fresh("file-fields-");
+    let var = format!("TOLLGATE_TEST_{}", name.replace('-', "_").to_uppercase());
+    real_key(&var);
+    let running = proxy(&owners_config(&name, &var, &upstream.url(), None)).await;
+    let addr = running.addr;
+    let file = as_tenant(
+        addr,
+        ALICE,
+        Method::POST,
+        "/v1/files",
+        &json!({"purpose": "fine-tune"}),
+    )
+    .await;
+    assert_eq!(file.status, 200, "{}", file.body_str());
+    let file = file.json()["id"].as_str().unwrap().to_owned();
+    let seen_before = upstream.count.load(Ordering::SeqCst);
+    for (path, body) in [
+        (
+            "/v1/fine_tuning/jobs",
+            json!({"model": "gpt-4o-mini-2024-07-18", "training_file": file}),
+        ),
+        (
+            "/v1/fine_tuning/jobs",
+            json!({"model": "gpt-4o-mini-2024-07-18", "training_file": "file-bob", "validation_file": file}),
+        ),
+        (
+            "/v1/evals/eval_bob1/runs",
+            json!({"data_source": {"type": "jsonl", "source": {"type": "file_id", "id": file}}}),
+        ),
+    ] {
+        let answer = as_tenant(addr, BOB, Method::POST, path, &body).await;
+        assert_eq!(answer.status, 404, "{path} {body}: {}", answer.body_str());
+    }
+    assert_eq!(upstream.count.load(Ordering::SeqCst), seen_before);
+}
+
+/// An input item by reference (`{"type": "item_reference", "id": ...}`) brings input the proxy
+/// can't see, like a previous response: such calls go one at a time until one is billed.
+#[tokio::test]
+async fn an_item_by_reference_is_an_input_the_proxy_cant_see() {
+    let arrivals = Arc::new(Mutex::new(Vec::new()));
+    let upstream = {
+        let arrivals = Arc::clone(&arrivals);
+        HostileUpstream::start(move |_, _| {
+            arrivals.lock().unwrap().push(std::time::Instant::now());
+            vec![
+                Step::Sleep(Duration::from_millis(300)),
+                Step::Write(hostile::json(
+                    200,
+                    &[],
+                    &json!({"id": "resp_x", "object": "response", "status": "completed", "output": [],
+                        "usage": {"input_tokens": 60_000, "output_tokens": 10, "total_tokens": 60_010}}),
+                )),
+            ]
+        })
+        .await
+    };
+    let name = fresh("item-reference-");
+    let running = proxy(&dave(&name, &upstream.url())).await;
+    // The key's first call goes alone (the gate waits for its answer's headers): past it,
+    // what holds the calls below back is their unseen input alone.
+    let warm = json!({"model": "gpt-4o", "max_output_tokens": 10, "input": "hello"});
+    let warmed = raw_as(
+        running.addr,
+        "vk-dave-00000",
+        http::Method::POST,
+        "/v1/responses",
+        &[],
+        warm.to_string().into_bytes(),
+    )
+    .await;
+    assert_eq!(warmed.status, 200);
+    arrivals.lock().unwrap().clear();
+    let body = json!({"model": "gpt-4o", "max_output_tokens": 10,
+        "input": [{"type": "item_reference", "id": "msg_0123456789abcdef"},
+            {"role": "user", "content": "and then?"}]});
+    let calls: Vec<_> = (0..2)
+        .map(|_| {
+            let (addr, body) = (running.addr, body.to_string());
+            tokio::spawn(async move {
+                raw_as(
+                    addr,
+                    "vk-dave-00000",
+                    http::Method::POST,
+                    "/v1/responses",
+                    &[],
+                    body.into_bytes(),
+                )
+                .await
+                .status
+            })
+        })
+        .collect();
+    for call in calls {
+        assert_eq!(call.await.unwrap(), 200);
+    }
+    let mut arrivals = arrivals.lock().unwrap().clone();
+    arrivals.sort_unstable();
+    assert_eq!(arrivals.len(), 2);
+    let gap = arrivals[1] - arrivals[0];
+    assert!(
+        gap >= Duration::from_millis(300),
+        "the second went {gap:?} after the first"
+    );
 }
