@@ -243,6 +243,48 @@ pub(crate) struct Prepared {
     pub(crate) alone: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
+/// On Azure the body's `model` (often absent) is not what reads the images: the deployment's
+/// model is, and its rule bills them (a gpt-4o-mini deployment 2,833 an image and 5,667 a tile,
+/// 33 times gpt-4o's). The tokens of images the gate's estimate, made by the body's model's
+/// rule, leaves out.
+fn azure_images_missed(
+    upstream: &ReadyUpstream,
+    parts: &http::request::Parts,
+    value: &serde_json::Value,
+    body_model: Option<&str>,
+) -> u64 {
+    use tollgate::estimators::{Billing, ImageRule, estimate_with};
+    if upstream.family != Family::Azure {
+        return 0;
+    }
+    let Some(deployment) = model_of(Family::Azure, parts, &serde_json::Value::Null) else {
+        return 0;
+    };
+    let serves = upstream
+        .config
+        .models
+        .iter()
+        .find(|m| m.name == deployment)
+        .and_then(|m| m.model.as_deref())
+        .unwrap_or(deployment);
+    let Some(rule) = ImageRule::for_model(serves) else {
+        return 0;
+    };
+    let used = body_model.and_then(ImageRule::for_model);
+    if used == Some(rule) {
+        return 0;
+    }
+    let Ok(estimator) = tollgate::estimators::estimator(upstream.profile.estimator_name()) else {
+        return 0;
+    };
+    let billing = |rule: Option<ImageRule>| {
+        rule.map_or_else(Billing::default, |r| Billing::default().image_rule(r))
+    };
+    let count =
+        |rule| estimate_with(&*estimator, value, &billing(rule)).map_or(0, |e| e.input_tokens);
+    count(Some(rule)).saturating_sub(count(used))
+}
+
 /// The budgets a call spends from: its tenant's, its tier's shared one, its upstream's. Each
 /// with its key, its windows, and how it is named to the client.
 pub(crate) fn budgets(
@@ -334,10 +376,31 @@ pub(crate) async fn prepare(
     let mut alone = None;
     if pooled_budgets || !budgets(shared, upstream, tenant).is_empty() {
         let read = estimated.body().map_or(&body[..], |b| &b[..]);
-        let value: serde_json::Value = serde_json::from_slice(read).unwrap_or_default();
+        let value = crate::lenient::read(read);
+        // Input the gate's estimate leaves out, reserved from the budgets beside it.
+        let images = azure_images_missed(upstream, parts, &value, estimated.model());
+        let seen = estimated.input_tokens().saturating_add(images);
+        let mut unseen = images;
         if crate::hidden::unmeasured(&value) {
+            // A background response answers at once, queued, and is billed later, where the
+            // proxy doesn't see it: its unseen input can't be learnt, nor settled (it had freed
+            // its turn as soon as it was queued, and been settled at its visible estimate).
+            if value.get("background").and_then(serde_json::Value::as_bool) == Some(true) {
+                return Err(Refusal::new(
+                    ErrorKind::Invalid,
+                    "tollgate-proxy: under a budget, a background call can't bring input the proxy can't see (a previous response, a file by reference, a server-side tool): it is billed after its answer, where the proxy doesn't see it; send it in the foreground",
+                ));
+            }
             let who = tenant.map_or("-", |t| t.name.as_str()).to_owned();
-            let model = estimated.model().unwrap_or("-").to_owned();
+            // A model's snapshots are the model (`gpt-4o-2024-08-06` is gpt-4o's): each name
+            // had a turn of its own, so as many such calls went at once, each blind.
+            let model = estimated.model().map_or_else(
+                || "-".to_owned(),
+                |m| {
+                    model_entry(&upstream.config, &upstream.profile, m)
+                        .unwrap_or_else(|| m.to_owned())
+                },
+            );
             let (mut most, turn) = shared.hidden.ceiling(&who, &model);
             if most.is_none()
                 && let Some(shared_most) = shared.owners.ceiling_of(&who, &model).await
@@ -345,10 +408,7 @@ pub(crate) async fn prepare(
                 most = Some(shared.hidden.learned(&who, &model, shared_most));
             }
             match most {
-                Some(most) => {
-                    let unseen = most.saturating_sub(estimated.input_tokens());
-                    estimated = estimated.with_unseen_input(unseen);
-                }
+                Some(most) => unseen += most.saturating_sub(seen),
                 None => {
                     let deadline = gate
                         .deadline()
@@ -359,8 +419,7 @@ pub(crate) async fn prepare(
                         Ok(Ok(permit)) => match shared.hidden.ceiling(&who, &model).0 {
                             Some(most) => {
                                 drop(permit);
-                                let unseen = most.saturating_sub(estimated.input_tokens());
-                                estimated = estimated.with_unseen_input(unseen);
+                                unseen += most.saturating_sub(seen);
                             }
                             None => alone = Some(permit),
                         },
@@ -376,6 +435,9 @@ pub(crate) async fn prepare(
                 }
             }
             hidden = Some((who, model));
+        }
+        if unseen > 0 {
+            estimated = estimated.with_unseen_input(unseen);
         }
     }
     if upstream.config.unknown_models == UnknownModels::Refuse {

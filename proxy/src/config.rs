@@ -32,19 +32,20 @@ pub fn masked(text: &str) -> String {
     while let Some(at) = rest.find("://") {
         let (before, after) = rest.split_at(at + 3);
         out.push_str(before);
-        // The authority ends at the first `/`, `?`, `#`, space, quote or backtick.
+        // The URL ends at a space, a quote or a backtick. Its credentials end at its last `@`:
+        // a password pasted with an unescaped `/`, `?` or `#` in it is masked whole (read as
+        // ending at the first of them, its rest had been printed), at the price of masking a
+        // path that holds an `@`.
         let end = after
-            .find(|c: char| {
-                matches!(c, '/' | '?' | '#' | '`' | '"' | '\'' | '<' | '>') || c.is_whitespace()
-            })
+            .find(|c: char| matches!(c, '`' | '"' | '\'' | '<' | '>') || c.is_whitespace())
             .unwrap_or(after.len());
-        let authority = &after[..end];
-        match authority.rfind('@') {
+        let url = &after[..end];
+        match url.rfind('@') {
             Some(userinfo) => {
                 out.push_str("***");
-                out.push_str(&authority[userinfo..]);
+                out.push_str(&url[userinfo..]);
             }
-            None => out.push_str(authority),
+            None => out.push_str(url),
         }
         rest = &after[end..];
     }

@@ -19,6 +19,7 @@ use crate::answer::{ErrorKind, answer};
 use crate::relay::{Gapped, Relay, Unread};
 use crate::state::{ReadyUpstream, Shared, TENANT_PART, key_of, model_entry};
 use crate::tenant::{KEY_HEADERS, Tenant};
+use crate::upstream::Upstream;
 
 /// The headers that belong to one connection, never forwarded (RFC 9110 §7.6.1).
 const HOP_BY_HOP: [&str; 9] = [
@@ -73,17 +74,33 @@ pub(crate) fn upstream_head(
         parts.headers.remove(name);
     }
     if let Some((name, value)) = &upstream.real_key {
-        for key_header in KEY_HEADERS {
-            parts.headers.remove(key_header);
-        }
+        // A header is dropped in any spelling a server may read as it: servers that read
+        // headers as CGI variables (`HTTP_OPENAI_ORGANIZATION`) take `OpenAI_Organization` for
+        // `OpenAI-Organization`.
+        let drop_spellings = |headers: &mut HeaderMap, names: &[&str]| {
+            let spelled: Vec<HeaderName> = headers
+                .keys()
+                .filter(|k| {
+                    let k = k.as_str().replace('_', "-");
+                    names.contains(&k.as_str())
+                })
+                .cloned()
+                .collect();
+            for name in spelled {
+                headers.remove(name);
+            }
+        };
+        drop_spellings(&mut parts.headers, &KEY_HEADERS);
         parts.headers.insert(name.clone(), value.clone());
         // Answers come back as written, so that an echo of the real key can be masked.
         parts.headers.remove(header::ACCEPT_ENCODING);
         // The organisation or project a call is billed to is the organisation's to choose,
         // never a tenant's, unless the upstream's configuration lets the tenant choose.
         if !upstream.config.tenant_org_headers {
-            parts.headers.remove("openai-organization");
-            parts.headers.remove("openai-project");
+            drop_spellings(
+                &mut parts.headers,
+                &["openai-organization", "openai-project"],
+            );
         }
     }
     Some(parts)
@@ -116,6 +133,23 @@ fn unreachable_upstream(
     )
 }
 
+/// An answer in a content coding the proxy must read (to mask the organisation's keys, or read
+/// the usage) and can't.
+fn unreadable_coding(upstream: &ReadyUpstream, codings: &str) -> Response<Relay> {
+    upstream.metrics.upstream_errors.increment(1);
+    tracing::warn!(upstream = %upstream.name, codings = %crate::answer::printable(codings), "the upstream answered in a content coding the proxy can't read");
+    answer(
+        upstream.family,
+        ErrorKind::Upstream,
+        &format!(
+            "tollgate-proxy: upstream `{}` answered in a content coding the proxy can't read ({}), though it was asked for none",
+            upstream.name,
+            crate::answer::printable(codings)
+        ),
+        None,
+    )
+}
+
 fn silent_upstream(upstream: &ReadyUpstream) -> Response<Relay> {
     upstream.metrics.upstream_timeouts.increment(1);
     tracing::warn!(upstream = %upstream.name, "the upstream said nothing by the call's deadline");
@@ -133,6 +167,7 @@ fn silent_upstream(upstream: &ReadyUpstream) -> Response<Relay> {
 /// Sends an unmetered request (a free route, or a path passed on), bounded by the upstream's
 /// timeout for its head and its chunk timeout for its body.
 pub(crate) async fn unmetered(
+    shared: &Shared,
     upstream: &ReadyUpstream,
     parts: http::request::Parts,
     body: Bytes,
@@ -144,7 +179,14 @@ pub(crate) async fn unmetered(
         Err(_) => silent_upstream(upstream),
         Ok(Err(err)) => unreachable_upstream(upstream, &err),
         Ok(Ok(response)) => {
-            let (head, incoming) = response.into_parts();
+            let (mut head, incoming) = response.into_parts();
+            // The organisation's keys are masked in what the client reads: in the bytes as
+            // written, so a compressed answer is decoded first.
+            let masking = !shared.secrets.is_empty();
+            let incoming = match Upstream::new(incoming).decoding(&mut head.headers, masking) {
+                Ok(body) => body,
+                Err(codings) => return unreadable_coding(upstream, &codings),
+            };
             let body = Relay::plain(
                 incoming,
                 upstream.config.chunk_timeout,
@@ -497,6 +539,9 @@ pub(crate) async fn metered(
         alone,
     } = prepared;
     let family = upstream.family;
+    // Its bill teaches what such calls cost: read to its end even if the client leaves it.
+    let drain = hidden.is_some();
+    let visible = attempts.estimated().input_tokens();
     let deadline = attempts.deadline();
     let started = Instant::now();
     let model = attempts.estimated().model().map(crate::answer::printable);
@@ -564,10 +609,18 @@ pub(crate) async fn metered(
             // A call with inputs the proxy can't see teaches what such calls are billed (an
             // error's usage, the estimate, teaches nothing); its turn ends with it.
             let status = line.lock().unwrap_or_else(PoisonError::into_inner).status;
-            if let (Some((tenant, model)), Some(_)) = (&hidden, settlement.usage)
+            let reported = settlement.reported;
+            // Whether the provider said what the input was billed. An answer that reports
+            // none is settled with the visible estimate in its place (`Call::finish`): that
+            // is no bill, and teaches nothing (learnt, it had made the ceiling the estimate).
+            let billed = reported.input.is_some()
+                && !(reported.input == Some(visible)
+                    && reported.cache_read.is_none()
+                    && reported.cache_write.is_none());
+            if let Some((tenant, model)) = &hidden
+                && billed
                 && (200..400).contains(&status)
             {
-                let reported = settlement.reported;
                 let input = reported
                     .input
                     .unwrap_or(0)
@@ -583,7 +636,24 @@ pub(crate) async fn metered(
                     });
                 }
             }
-            drop(alone);
+            match alone {
+                // The call that went alone, answered without its bill (its usage never came:
+                // an upstream that reports none, a stream cut before its end even when read
+                // on): nothing was learned, and the next such call would go alone as blind as
+                // it did. The turn is kept, so such calls of this tenant and model wait (429
+                // past their deadline) until a ceiling is learned, here or by the fleet.
+                Some(turn) if !billed && (200..300).contains(&status) => {
+                    turn.forget();
+                    if let Some((tenant, model)) = &hidden {
+                        tracing::warn!(
+                            tenant = %crate::answer::printable(tenant),
+                            model = %crate::answer::printable(model),
+                            "a call with inputs the proxy can't see was answered without its usage; such calls of this tenant and model are held until one is billed"
+                        );
+                    }
+                }
+                turn => drop(turn),
+            }
             if let Some(usage) = settlement.usage {
                 settled.increment(usage.tokens.unwrap_or(0) + usage.output_tokens.unwrap_or(0));
             }
@@ -723,7 +793,35 @@ pub(crate) async fn metered(
         let took = sent.elapsed();
         upstream_time += took;
         upstream.metrics.upstream_seconds.record(took.as_secs_f64());
-        let (head, incoming) = response.into_parts();
+        let (mut head, incoming) = response.into_parts();
+        // The usage is read, and the organisation's keys masked, in the bytes as written: an
+        // answer compressed though none was asked for is decoded first.
+        let mut incoming = match Upstream::new(incoming).decoding(&mut head.headers, true) {
+            Ok(body) => body,
+            Err(codings) => return unreadable_coding(&upstream, &codings),
+        };
+        // A member of a pool with another to move to has answered when its body's first frame
+        // comes, within the attempt's time: a head and then nothing (a stalled stream behind
+        // a live front) is a member that hangs, and the call moves on.
+        if others > 0 && head.status.is_success() {
+            let ahead = match attempt_deadline {
+                Some(until) => tokio::time::timeout_at(until, incoming.read_ahead())
+                    .await
+                    .unwrap_or_else(|_| Err("no first byte in the attempt's time".into())),
+                None => incoming.read_ahead().await,
+            };
+            if let Err(err) = ahead {
+                upstream.metrics.upstream_timeouts.increment(1);
+                sending.member_failed(&upstream, false);
+                drop(call);
+                if deadline.is_none_or(|d| Instant::now() < d) {
+                    upstream.metrics.moved.increment(1);
+                    tracing::warn!(upstream = %upstream.name, error = %err, "a pool member sent a head and then nothing in its attempt's time; the call moves on");
+                    continue;
+                }
+                return silent_upstream(&upstream);
+            }
+        }
         {
             let mut line = line.lock().unwrap_or_else(PoisonError::into_inner);
             line.wait_ms += waited.as_secs_f64() * 1e3;
@@ -830,7 +928,10 @@ pub(crate) async fn metered(
                     timeout: shared.bounds.write_timeout,
                     counter: shared.proxy_metrics.unread_closed.clone(),
                 };
-                return relayed(head, Relay::metered(metered, stream, cut_short, unread));
+                return relayed(
+                    head,
+                    Relay::metered(metered, stream, cut_short, unread, drain),
+                );
             }
             Next::Retry(delay) => {
                 upstream.metrics.upstream_429s_transient.increment(1);
@@ -873,7 +974,11 @@ pub(crate) async fn metered(
 
 /// The start of an error body (a 429's, for its code), read by the call's deadline and within
 /// 2 s, at most 64 KiB: what came by then.
-async fn short_body(body: hyper::body::Incoming, deadline: Option<Instant>) -> Bytes {
+async fn short_body<B>(body: B, deadline: Option<Instant>) -> Bytes
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     use http_body_util::BodyExt;
     let until = Instant::now() + Duration::from_secs(2);
     let until = deadline.map_or(until, |d| d.min(until));

@@ -115,7 +115,7 @@ fn hides(value: &Value, depth: usize) -> bool {
             let kind = map.get("type").and_then(Value::as_str);
             if map.get("file_id").is_some_and(Value::is_string)
                 || map.get("file_url").is_some_and(Value::is_string)
-                || matches!(kind, Some("input_file" | "file"))
+                || matches!(kind, Some("input_file" | "file" | "item_reference"))
             {
                 return true;
             }
@@ -150,6 +150,7 @@ mod tests {
             json!({"model": "claude-sonnet-4", "messages": [{"role": "user", "content": [{"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBER"}}]}]}),
             json!({"model": "claude-sonnet-4", "messages": [], "tools": [{"type": "web_search_20250305", "name": "web_search"}]}),
             json!({"model": "gpt-4o", "input": "x", "prompt": {"id": "pmpt_1"}}),
+            json!({"model": "gpt-4o", "input": [{"type": "item_reference", "id": "msg_1"}]}),
         ] {
             assert!(unmeasured(&hidden), "{hidden}");
         }

@@ -41,6 +41,7 @@ mod forward;
 mod health;
 mod hidden;
 mod keys;
+mod lenient;
 mod metrics;
 mod owners;
 mod proxy;
@@ -49,6 +50,7 @@ mod route;
 mod state;
 mod tally;
 mod tenant;
+mod upstream;
 
 pub use accept::{Drained, Proxy, Reloader, Running};
 pub use config::{Config, ConfigError};

@@ -257,16 +257,7 @@ async fn reloads(flags: Flags, reloader: tollgate_proxy::Reloader) {
 /// `url` without the user and password it may carry (`https://user:secret@host/` is logged as
 /// `https://***@host/`).
 fn without_credentials(url: &str) -> String {
-    match url.split_once("://") {
-        Some((scheme, rest)) => {
-            let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-            match rest[..end].rfind('@') {
-                Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
-                None => url.to_owned(),
-            }
-        }
-        None => url.to_owned(),
-    }
+    tollgate_proxy::config::masked(url)
 }
 
 /// Completes on SIGTERM or Ctrl-C.

@@ -38,7 +38,7 @@ const COLLECTIONS: [&str; 12] = [
 
 /// The prefixes of the ids these collections hand out: a body field that names one of these
 /// is checked too.
-const ID_PREFIXES: [&str; 14] = [
+const ID_PREFIXES: [&str; 18] = [
     "resp_",
     "chatcmpl-",
     "file-",
@@ -53,6 +53,10 @@ const ID_PREFIXES: [&str; 14] = [
     "msgbatch_",
     "ftjob-",
     "run_",
+    "eval_",
+    "evalrun_",
+    "video_",
+    "cthr_",
 ];
 
 /// Where owners are kept.
@@ -78,16 +82,24 @@ impl Owners {
                 {
                     memory.owners.remove(&oldest);
                 }
-                if memory
-                    .owners
-                    .insert(id.to_owned(), tenant.to_owned())
-                    .is_none()
-                {
+                // The first owner stays: an id is created once, and an answer that names an
+                // id already recorded can't hand it to another tenant.
+                if !memory.owners.contains_key(id) {
+                    memory.owners.insert(id.to_owned(), tenant.to_owned());
                     memory.order.push_back(id.to_owned());
                 }
             }
             Owners::Redis(store) => {
-                if let Err(err) = store.put_record(&format!("owner:{id}"), tenant, KEEP).await {
+                let name = format!("owner:{id}");
+                match store.get_record(&name).await {
+                    Ok(Some(_)) => return,
+                    Ok(None) => {}
+                    Err(err) => {
+                        tracing::warn!(error = %err, "the owner of a stored object could not be read; not recorded");
+                        return;
+                    }
+                }
+                if let Err(err) = store.put_record(&name, tenant, KEEP).await {
                     tracing::warn!(error = %err, "the owner of a stored object could not be recorded; its tenant will get 404 for it");
                 }
             }
@@ -178,48 +190,95 @@ pub(crate) struct Touches {
     pub(crate) lists: bool,
     /// It may create an object: the id its answer carries is its tenant's.
     pub(crate) creates: bool,
+    /// What it creates is of a collection the proxy doesn't know: its answer's id is the
+    /// tenant's whatever its prefix.
+    pub(crate) any_id: bool,
 }
 
-/// The part of a path after its API's root (`/v1/`, or Azure's `/openai/`), without a query.
+/// The part of a path after its API's root (`/v1/`, or Azure's `/openai/`, in any case), without
+/// a query.
 fn api_path(path: &str) -> Option<&str> {
     let path = path.split('?').next().unwrap_or(path);
+    let lower = path.to_ascii_lowercase();
     ["/v1/", "/openai/"]
         .iter()
-        .filter_map(|root| path.find(root).map(|at| &path[at + root.len()..]))
+        .filter_map(|root| lower.find(root).map(|at| &path[at + root.len()..]))
         .next()
 }
 
+/// Collections whose entries are no tenant's objects: the models everyone may read.
+const SHARED: [&str; 1] = ["models"];
+
+/// Whether a path segment is an object's id rather than a word of the API: ids carry digits,
+/// capitals or dashes (`resp_67cc…`, `file-AbC…`, `eval_67ab…`); the API's words are lowercase
+/// with underscores (`generations`, `count_tokens`, `input_items`).
+fn id_like(segment: &str) -> bool {
+    ID_PREFIXES.iter().any(|p| segment.starts_with(p))
+        || segment
+            .bytes()
+            .any(|b| !(b.is_ascii_lowercase() || b == b'_'))
+}
+
 /// What `method` on `path` with `body` (the JSON read, or `Null`) does with stored objects.
+/// Collections are matched in any case, and `.` segments (which servers drop) are dropped. A
+/// collection the list below doesn't know is read the same way, failing closed: its first
+/// segment that looks like an id is named (it must be the tenant's), a `GET` of it without
+/// one lists the organisation's objects, and a `POST` to it creates one.
 pub(crate) fn touches(method: &http::Method, path: &str, body: &Value) -> Touches {
     let mut touches = Touches::default();
     if let Some(rest) = api_path(path) {
-        let rest = rest.trim_end_matches('/');
-        for collection in COLLECTIONS {
-            let Some(after) = rest.strip_prefix(collection) else {
-                continue;
-            };
-            if after.is_empty() {
-                match *method {
-                    http::Method::GET => touches.lists = true,
-                    http::Method::POST => touches.creates = true,
-                    _ => {}
-                }
-            } else if let Some(tail) = after.strip_prefix('/') {
-                let id = tail.split('/').next().unwrap_or_default();
+        let mut segments: Vec<&str> = rest
+            .split('/')
+            .filter(|s| !s.is_empty() && *s != ".")
+            .collect();
+        // Azure's deployments name a model, not an object: what follows is the operation.
+        if segments
+            .first()
+            .is_some_and(|s| s.eq_ignore_ascii_case("deployments"))
+        {
+            segments.drain(..segments.len().min(2));
+        }
+        let lower: Vec<String> = segments.iter().map(|s| s.to_ascii_lowercase()).collect();
+        let known = COLLECTIONS.iter().find_map(|collection| {
+            let parts: Vec<&str> = collection.split('/').collect();
+            (lower.len() >= parts.len() && lower[..parts.len()] == parts[..]).then_some(parts.len())
+        });
+        let shared = lower.first().is_some_and(|s| SHARED.contains(&s.as_str()));
+        if !shared && !segments.is_empty() {
+            let (id_at, any) = match known {
                 // `threads/runs` creates a thread and its run: no id named.
-                if collection == "threads" && id == "runs" {
-                    touches.creates = true;
-                } else if !id.is_empty() {
-                    touches.names.push(id.to_owned());
-                    // A message, a run, a file added under an object the tenant owns; and the
-                    // files the provider made for it (a batch's output), read from its answer.
-                    touches.creates |=
-                        *method == http::Method::POST || *method == http::Method::GET;
+                Some(1) if lower.len() >= 2 && lower[0] == "threads" && lower[1] == "runs" => {
+                    (None, false)
                 }
-            } else {
-                continue;
+                Some(n) => (segments.get(n).map(|_| n), false),
+                None => (
+                    segments
+                        .iter()
+                        .skip(1)
+                        .position(|s| id_like(s))
+                        .map(|i| i + 1),
+                    true,
+                ),
+            };
+            match id_at {
+                Some(at) => {
+                    touches.names.push(segments[at].to_owned());
+                    // A message, a run, a file added under an object the tenant owns; and the
+                    // files the provider made for it (a batch's output), read from the object
+                    // itself. Never from what lies under it: a file's content is the tenant's
+                    // own bytes, not the provider's word.
+                    touches.creates = *method == http::Method::POST
+                        || (*method == http::Method::GET && at + 1 == segments.len());
+                }
+                None => match *method {
+                    http::Method::GET => touches.lists = true,
+                    http::Method::POST => {
+                        touches.creates = true;
+                        touches.any_id = any;
+                    }
+                    _ => {}
+                },
             }
-            break;
         }
     }
     named_in(body, 0, &mut touches.names);
@@ -231,8 +290,9 @@ pub(crate) fn touches(method: &http::Method, path: &str, body: &Value) -> Touche
 /// Fields other than `..._id` that name a stored object, as an id or as `{"id": ...}`.
 const NAMING: [&str; 2] = ["conversation", "container"];
 
-/// The ids a body names in fields that name objects: `..._id` (a string) and `..._ids` (a list
-/// of strings), and `conversation`, when the value has an id's prefix.
+/// The ids a body names in fields that name objects: `..._id`, `id` and `..._file` (a string),
+/// `..._ids` and `..._files` (a list of strings), `conversation` and `container`, when the value
+/// has an id's prefix.
 fn named_in(value: &Value, depth: usize, out: &mut Vec<String>) {
     if depth > 64 || out.len() > 1_000 {
         return;
@@ -242,8 +302,14 @@ fn named_in(value: &Value, depth: usize, out: &mut Vec<String>) {
         Value::Object(map) => {
             for (key, value) in map {
                 match value {
+                    // `..._id`; `id` itself (an eval's data source `{"type": "file_id", "id":
+                    // ...}`); `..._file` (a fine-tuning job's `training_file` and
+                    // `validation_file`); `conversation`, `container`.
                     Value::String(text)
-                        if (key.ends_with("_id") || NAMING.contains(&key.as_str()))
+                        if (key.ends_with("_id")
+                            || key == "id"
+                            || key.ends_with("_file")
+                            || NAMING.contains(&key.as_str()))
                             && is_id(text) =>
                     {
                         out.push(text.clone());
@@ -257,7 +323,7 @@ fn named_in(value: &Value, depth: usize, out: &mut Vec<String>) {
                         }
                         named_in(value, depth + 1, out);
                     }
-                    Value::Array(items) if key.ends_with("_ids") => {
+                    Value::Array(items) if key.ends_with("_ids") || key.ends_with("_files") => {
                         out.extend(
                             items
                                 .iter()
@@ -291,6 +357,9 @@ pub(crate) struct IdCatcher {
     /// The first `"id"` was found.
     own: bool,
     done: bool,
+    /// The answer's own id is taken whatever its prefix (an object of a collection the proxy
+    /// doesn't know).
+    any_own: bool,
 }
 
 /// How much of an answer's start is read for its ids.
@@ -299,6 +368,15 @@ const CATCH_MOST: usize = 64 << 10;
 const TAIL: usize = 512;
 
 impl IdCatcher {
+    /// A catcher that takes the answer's own id whatever its prefix, as long as it looks like
+    /// an id.
+    pub(crate) fn any_own() -> IdCatcher {
+        IdCatcher {
+            any_own: true,
+            ..IdCatcher::default()
+        }
+    }
+
     /// Reads `data`; answers the ids found in it not answered before.
     pub(crate) fn feed(&mut self, data: &[u8]) -> Vec<String> {
         if self.done {
@@ -333,7 +411,8 @@ impl IdCatcher {
                     break;
                 };
                 let id = &rest[..end];
-                if ID_PREFIXES.iter().any(|p| id.starts_with(p))
+                if (ID_PREFIXES.iter().any(|p| id.starts_with(p))
+                    || (own && self.any_own && !id.is_empty() && id_like(id)))
                     && id.len() <= 256
                     && !self.found.iter().any(|f| f == id)
                 {
@@ -394,16 +473,52 @@ mod tests {
             &Value::Null,
         );
         assert_eq!(t.names, ["file-9"]);
-        assert_eq!(
-            touches(&Method::POST, "/v1/embeddings", &json!({"input": "resp_x"})),
-            Touches::default()
-        );
+        // Text that looks like an id names nothing; embeddings are a collection the list
+        // doesn't know (what such a POST creates is followed on passed paths only).
+        let t = touches(&Method::POST, "/v1/embeddings", &json!({"input": "resp_x"}));
+        assert!(t.names.is_empty() && !t.lists && t.any_id);
         let t = touches(
             &Method::POST,
             "/v1/responses",
             &json!({"model": "gpt-4o", "input": "x", "conversation": {"id": "conv_a"}}),
         );
         assert_eq!(t.names, ["conv_a"]);
+        // Any case, `.` segments, a trailing slash: the same object.
+        for path in [
+            "/V1/Responses/resp_abc",
+            "/v1/./responses/resp_abc/",
+            "/v1/responses/./resp_abc",
+        ] {
+            assert_eq!(
+                touches(&Method::GET, path, &Value::Null).names,
+                ["resp_abc"],
+                "{path}"
+            );
+        }
+        // A file's content is the tenant's bytes: nothing in it is caught.
+        let t = touches(&Method::GET, "/v1/files/file-1/content", &Value::Null);
+        assert_eq!(t.names, ["file-1"]);
+        assert!(!t.creates);
+        // Collections the list doesn't know fail closed: ids named, lists refused.
+        let t = touches(&Method::GET, "/v1/evals/eval_67ab/runs", &Value::Null);
+        assert_eq!(t.names, ["eval_67ab"]);
+        assert!(touches(&Method::GET, "/v1/videos", &Value::Null).lists);
+        assert!(touches(&Method::GET, "/v1/chatkit/threads", &Value::Null).lists);
+        assert!(touches(&Method::GET, "/v1/organization/costs", &Value::Null).lists);
+        let t = touches(&Method::POST, "/v1/videos", &Value::Null);
+        assert!(t.creates && t.any_id);
+        // The API's own words are not ids; models are everyone's; Azure's deployment is not
+        // an object.
+        for (method, path) in [
+            (Method::POST, "/v1/images/generations"),
+            (Method::POST, "/v1/messages/count_tokens"),
+            (Method::GET, "/v1/models"),
+            (Method::GET, "/v1/models/gpt-4o-2024-08-06"),
+            (Method::POST, "/openai/deployments/prod-4o/chat/completions"),
+        ] {
+            let t = touches(&method, path, &Value::Null);
+            assert!(t.names.is_empty() && !t.lists, "{method} {path}: {t:?}");
+        }
     }
 
     #[test]

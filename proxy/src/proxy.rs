@@ -265,7 +265,7 @@ async fn serve(
     // the gate decodes it, below).
     let object_path =
         route::normalize(path_and_query.split('?').next().unwrap_or("/")).unwrap_or_default();
-    let mut creates = false;
+    let mut creates = None;
     if let Some(tenant) = tenant.as_ref()
         && route.kind != route::RouteKind::Metered
     {
@@ -304,7 +304,7 @@ async fn serve(
                 timeout: shared.bounds.write_timeout,
                 counter: shared.proxy_metrics.unread_closed.clone(),
             };
-            unmetered(&upstream, parts, body, &unread).await
+            unmetered(shared, &upstream, parts, body, &unread).await
         }
         route::RouteKind::Metered => {
             // The usage can only be read from bytes as they were written.
@@ -337,11 +337,16 @@ async fn serve(
         }
     };
     let response = match (creates, tenant) {
-        (true, Some(tenant)) if response.status().is_success() => {
+        // A metered call to a collection the proxy doesn't know (embeddings, Anthropic's
+        // messages) stores nothing the proxy must follow.
+        (Some(any_id), Some(tenant))
+            if response.status().is_success()
+                && !(any_id && route.kind == route::RouteKind::Metered) =>
+        {
             let (parts, body) = response.into_parts();
             Response::from_parts(
                 parts,
-                body.catching(Arc::clone(&shared.owners), tenant.name),
+                body.catching(Arc::clone(&shared.owners), tenant.name, any_id),
             )
         }
         _ => response,
@@ -351,7 +356,9 @@ async fn serve(
 
 /// Whether `tenant` may make this call, as far as stored objects go: every object it names
 /// (in its path or its body) must be the tenant's, and it may not list the organisation's.
-/// Answers whether the call may create objects (their ids are then recorded as the tenant's).
+/// Answers whether the call may create objects (their ids are then recorded as the tenant's):
+/// `Some(any_id)`, `any_id` when the collection is one the proxy doesn't know (its answer's id
+/// is the tenant's whatever its prefix).
 async fn owned(
     shared: &Shared,
     tenant: &crate::tenant::Tenant,
@@ -359,12 +366,10 @@ async fn owned(
     method: &http::Method,
     path: &str,
     body: &[u8],
-) -> Result<bool, Response<Relay>> {
-    let value: serde_json::Value = if body.is_empty() {
-        serde_json::Value::Null
-    } else {
-        serde_json::from_slice(body).unwrap_or(serde_json::Value::Null)
-    };
+) -> Result<Option<bool>, Response<Relay>> {
+    // Read as the upstream will read it: a body a strict parser refuses (a byte-order mark,
+    // UTF-16, a `NaN`) still names the ids it names.
+    let value = crate::lenient::read(body);
     let touches = crate::owners::touches(method, path, &value);
     if touches.lists {
         return Err(answer(
@@ -400,7 +405,7 @@ async fn owned(
             }
         }
     }
-    Ok(touches.creates)
+    Ok(touches.creates.then_some(touches.any_id))
 }
 
 fn too_large(most: usize) -> String {

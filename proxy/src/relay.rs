@@ -12,10 +12,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use metrics::Counter;
 use tokio::time::{Instant, Sleep};
 use tollgate::http::MeteredBody;
+
+use crate::upstream::Upstream;
 
 /// An error of the body the client reads.
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -44,9 +45,9 @@ struct Catch {
 
 enum Inner {
     Full(Option<Bytes>),
-    Plain(Watched<Gapped<Incoming>>),
+    Plain(Watched<Gapped<Upstream>>),
     Metered {
-        body: Watched<Box<MeteredBody<Gapped<Incoming>>>>,
+        body: Watched<Draining>,
         /// A server-sent stream (for counting streams a client left).
         stream: bool,
         /// Streams the client left before their end.
@@ -68,7 +69,7 @@ impl Relay {
 
     /// The upstream's body, handed on unmetered; cut when the client stops reading it for
     /// `unread` (see [`Watched`]).
-    pub(crate) fn plain(body: Incoming, gap: Duration, stalled: Counter, unread: Unread) -> Relay {
+    pub(crate) fn plain(body: Upstream, gap: Duration, stalled: Counter, unread: Unread) -> Relay {
         Relay {
             inner: Inner::Plain(Watched::new(Gapped::new(body, gap, stalled), unread)),
             held: None,
@@ -77,16 +78,24 @@ impl Relay {
         }
     }
 
-    /// The upstream's body, metered.
+    /// The upstream's body, metered; read to its end by the proxy when the client leaves it
+    /// early if `drain` (see [`Draining`]).
     pub(crate) fn metered(
-        body: Box<MeteredBody<Gapped<Incoming>>>,
+        body: Box<MeteredBody<Gapped<Upstream>>>,
         stream: bool,
         left: Counter,
         unread: Unread,
+        drain: bool,
     ) -> Relay {
         Relay {
             inner: Inner::Metered {
-                body: Watched::new(body, unread),
+                body: Watched::new(
+                    Draining {
+                        body: Some(body),
+                        drain,
+                    },
+                    unread,
+                ),
                 stream,
                 left,
                 ended: false,
@@ -113,9 +122,18 @@ impl Relay {
 
     /// Records `tenant` as the owner of the objects whose ids this answer carries (read from
     /// its start), each before the frame that shows it goes to the client.
-    pub(crate) fn catching(mut self, owners: Arc<crate::owners::Owners>, tenant: String) -> Relay {
+    pub(crate) fn catching(
+        mut self,
+        owners: Arc<crate::owners::Owners>,
+        tenant: String,
+        any_id: bool,
+    ) -> Relay {
         self.catch = Some(Catch {
-            catcher: crate::owners::IdCatcher::default(),
+            catcher: if any_id {
+                crate::owners::IdCatcher::any_own()
+            } else {
+                crate::owners::IdCatcher::default()
+            },
             owners,
             tenant,
             recording: std::sync::Mutex::new(None),
@@ -222,6 +240,11 @@ impl Relay {
             return this.poll_inner(cx);
         }
         loop {
+            if let Some(scrub) = this.scrub.as_mut()
+                && let Some(trailers) = scrub.trailers.take()
+            {
+                return Poll::Ready(Some(Ok(trailers)));
+            }
             let polled = this.poll_inner(cx);
             let Some(scrub) = this.scrub.as_mut() else {
                 return polled;
@@ -236,7 +259,19 @@ impl Relay {
                         }
                         return Poll::Ready(Some(Ok(Frame::data(out))));
                     }
-                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                    // Trailers (which HTTP/2 always delivers, and HTTP/1.1 to a client that
+                    // asks) are masked too, after what the body held back.
+                    Err(mut frame) => {
+                        if let Some(trailers) = frame.trailers_mut() {
+                            mask_headers(&scrub.secrets, trailers);
+                        }
+                        let rest = scrub.flush();
+                        if rest.is_empty() {
+                            return Poll::Ready(Some(Ok(frame)));
+                        }
+                        scrub.trailers = Some(frame);
+                        return Poll::Ready(Some(Ok(Frame::data(rest))));
+                    }
                 },
                 Poll::Ready(None) => {
                     let rest = scrub.flush();
@@ -251,7 +286,11 @@ impl Relay {
     }
 
     fn scrubbed_end(&self) -> bool {
-        if self.scrub.as_ref().is_some_and(|s| !s.pending.is_empty()) {
+        if self
+            .scrub
+            .as_ref()
+            .is_some_and(|s| !s.pending.is_empty() || s.trailers.is_some())
+        {
             return false;
         }
         match &self.inner {
@@ -444,7 +483,7 @@ impl<B: Send + 'static> Watched<B> {
     }
 }
 
-impl<B> Watched<Box<MeteredBody<B>>> {
+impl Watched<Draining> {
     /// The metered body's call is not settled yet.
     fn settling(&self) -> bool {
         self.watch
@@ -452,7 +491,67 @@ impl<B> Watched<Box<MeteredBody<B>>> {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .as_ref()
+            .and_then(|draining| draining.body.as_ref())
             .is_some_and(|body| body.is_settling())
+    }
+}
+
+/// The most a body left by its client is read on by the proxy.
+const DRAIN_MOST: Duration = Duration::from_secs(600);
+
+/// A metered body that, when its client leaves it before its end (hangs up, or stops reading),
+/// is read on to its end by the proxy, within [`DRAIN_MOST`] and the upstream's chunk timeout,
+/// so that its call settles with the usage its provider reports rather than its reservation.
+/// Calls with inputs the proxy can't see drain: their bill is what teaches the ceiling such
+/// calls are reserved at, and a tenant that left each such stream early had kept every one at
+/// its visible estimate (the provider bills the whole input of a call cut short). The output
+/// read on is within what the call reserved.
+pub(crate) struct Draining {
+    body: Option<Box<MeteredBody<Gapped<Upstream>>>>,
+    drain: bool,
+}
+
+impl Body for Draining {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut().body.as_mut() {
+            Some(body) => Pin::new(body).poll_frame(cx),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.as_ref().is_none_or(|b| b.is_end_stream())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), |b| b.size_hint())
+    }
+}
+
+impl Drop for Draining {
+    fn drop(&mut self) {
+        let Some(mut body) = self.body.take() else {
+            return;
+        };
+        if !self.drain || !body.is_settling() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            use http_body_util::BodyExt as _;
+            let read_on = async { while let Some(Ok(_)) = body.frame().await {} };
+            let _ = tokio::time::timeout(DRAIN_MOST, read_on).await;
+        });
     }
 }
 
@@ -518,6 +617,8 @@ pub(crate) type Secrets = Vec<Vec<u8>>;
 pub(crate) struct Scrubber {
     secrets: Arc<Secrets>,
     pending: Vec<u8>,
+    /// Trailers that came while data was held back: handed on after it.
+    trailers: Option<Frame<Bytes>>,
 }
 
 impl Scrubber {
@@ -525,6 +626,7 @@ impl Scrubber {
         Scrubber {
             secrets,
             pending: Vec::new(),
+            trailers: None,
         }
     }
 

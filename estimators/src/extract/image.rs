@@ -42,7 +42,7 @@ impl ImageRule {
     /// model is one it names: patches for gpt-4.1-mini and -nano, gpt-5-mini and -nano and
     /// o4-mini; tiles at the model's own figures for gpt-4o-mini, o1, o3, gpt-5 and
     /// computer-use-preview; 85 and 170 for gpt-4o, gpt-4.1 and gpt-4.5. A dated snapshot takes
-    /// its family's rule.
+    /// its family's rule, and a fine-tune (`ft:...`) its base model's.
     ///
     /// ```
     /// use tollgate_estimators::ImageRule;
@@ -51,9 +51,15 @@ impl ImageRule {
     ///     ImageRule::for_model("gpt-4o-mini-2024-07-18"),
     ///     Some(ImageRule::TilesAt { base: 2_833, tile: 5_667 })
     /// );
+    /// assert_eq!(
+    ///     ImageRule::for_model("ft:gpt-4o-mini-2024-07-18:acme::abc123"),
+    ///     Some(ImageRule::TilesAt { base: 2_833, tile: 5_667 })
+    /// );
     /// assert_eq!(ImageRule::for_model("claude-sonnet-4"), None);
     /// ```
     pub fn for_model(model: &str) -> Option<ImageRule> {
+        // A fine-tune (`ft:gpt-4o-mini-2024-07-18:org::id`) reads images as its base model.
+        let model = model.strip_prefix("ft:").unwrap_or(model);
         let is = |name: &str| {
             model
                 .strip_prefix(name)

@@ -12,10 +12,10 @@ use crate::common::*;
 use crate::org::{CHAT, budget_left, chat, fresh};
 
 /// The organisation's real key, as the tests' upstreams see it.
-const REAL_KEY: &str = "sk-org-REAL-0123456789abcdef";
+pub(crate) const REAL_KEY: &str = "sk-org-REAL-0123456789abcdef";
 
 /// Sets the variable `api_key_env` names (each test its own variable).
-fn real_key(var: &str) {
+pub(crate) fn real_key(var: &str) {
     // SAFETY of the test: the variable is this test's own, and nothing reads it concurrently.
     unsafe { std::env::set_var(var, REAL_KEY) };
 }
@@ -86,7 +86,7 @@ async fn an_error_without_usage_gives_its_reservation_back_to_every_budget() {
     ] {
         // Settled as each body ended: nothing left to wait for.
         let mut left = budget_left(&running, &key).await;
-        for _ in 0..50 {
+        for _ in 0..250 {
             if left >= 1_000_000.0 {
                 break;
             }
@@ -447,14 +447,14 @@ async fn the_live_view_shows_money_in_dollars() {
 // Pools that route around trouble.
 
 /// An upstream that accepts connections and never answers; counts the connections.
-struct Hanging {
-    addr: std::net::SocketAddr,
-    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+pub(crate) struct Hanging {
+    pub(crate) addr: std::net::SocketAddr,
+    pub(crate) accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Hanging {
-    async fn start() -> Hanging {
+    pub(crate) async fn start() -> Hanging {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -622,7 +622,7 @@ async fn each_member_of_a_pool_pays_its_own_budget_and_a_spent_or_failing_one_is
         "ejected after three"
     );
     let mut left = 0.0;
-    for _ in 0..50 {
+    for _ in 0..250 {
         left = budget_left(&running, &format!("budget:upstream:{name}-east")).await;
         if left >= 1_000_000.0 {
             break;
@@ -640,7 +640,7 @@ async fn each_member_of_a_pool_pays_its_own_budget_and_a_spent_or_failing_one_is
 
 /// A stand-in for stored objects: a response created by POST /v1/responses (an id per call,
 /// streamed when asked), a file by POST /v1/files; reads, deletes and lists answer 200.
-fn storing(n: u64, seen: &Seen) -> http::Response<http_body_util::Full<Bytes>> {
+pub(crate) fn storing(n: u64, seen: &Seen) -> http::Response<http_body_util::Full<Bytes>> {
     let path = seen.path.split('?').next().unwrap_or("").to_owned();
     let body: serde_json::Value = serde_json::from_slice(&seen.body).unwrap_or_default();
     match path.as_str() {
@@ -678,7 +678,7 @@ fn storing(n: u64, seen: &Seen) -> http::Response<http_body_util::Full<Bytes>> {
 }
 
 /// Sends `method` to `path` as `key`'s tenant, with `body` (empty: none).
-async fn as_tenant(
+pub(crate) async fn as_tenant(
     addr: std::net::SocketAddr,
     key: &str,
     method: http::Method,
@@ -708,7 +708,7 @@ async fn as_tenant(
     }
 }
 
-fn owners_config(name: &str, var: &str, url: &str, redis: Option<&str>) -> String {
+pub(crate) fn owners_config(name: &str, var: &str, url: &str, redis: Option<&str>) -> String {
     let redis = redis.map_or_else(String::new, |r| format!("redis = \"{r}\""));
     format!(
         r#"
@@ -727,8 +727,8 @@ fn owners_config(name: &str, var: &str, url: &str, redis: Option<&str>) -> Strin
     )
 }
 
-const ALICE: &str = "vk-alice-0001";
-const BOB: &str = "vk-bob-00002";
+pub(crate) const ALICE: &str = "vk-alice-0001";
+pub(crate) const BOB: &str = "vk-bob-00002";
 
 /// Bob can't read, delete or continue Alice's stored response, nor read her file, nor list the
 /// organisation's objects (each had answered 200 with her data); Alice can, and so can a
@@ -860,9 +860,9 @@ async fn a_fleet_on_redis_shares_who_owns_each_stored_object() {
 
 /// An upstream that answers each call after `delay` with `usage(body)` as its usage (so that
 /// a burst's calls are all in flight at once), counting the calls it answered.
-struct Slow {
-    addr: std::net::SocketAddr,
-    answered: std::sync::Arc<std::sync::atomic::AtomicU64>,
+pub(crate) struct Slow {
+    pub(crate) addr: std::net::SocketAddr,
+    pub(crate) answered: std::sync::Arc<std::sync::atomic::AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -873,7 +873,10 @@ impl Drop for Slow {
 }
 
 impl Slow {
-    async fn start(delay: Duration, usage: fn(&serde_json::Value) -> serde_json::Value) -> Slow {
+    pub(crate) async fn start(
+        delay: Duration,
+        usage: fn(&serde_json::Value) -> serde_json::Value,
+    ) -> Slow {
         use http_body_util::BodyExt;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -939,7 +942,7 @@ async fn burst(running: &tollgate_proxy::Running, path: &str, body: &serde_json:
     ok
 }
 
-fn budget_config(name: &str, var: &str, url: &str) -> String {
+pub(crate) fn budget_config(name: &str, var: &str, url: &str) -> String {
     format!(
         r#"
         admin_listen = "127.0.0.1:0"
@@ -1001,7 +1004,7 @@ async fn gpt_4o_minis_images_are_reserved_at_its_own_rule_and_a_burst_stops_at_t
 
 /// What a responses call with a file by URL and web search is billed: 60,000 tokens of input
 /// the request doesn't show.
-fn hidden_usage(_: &serde_json::Value) -> serde_json::Value {
+pub(crate) fn hidden_usage(_: &serde_json::Value) -> serde_json::Value {
     json!({"input_tokens": 60_000, "output_tokens": 10, "total_tokens": 60_010})
 }
 
@@ -1235,8 +1238,20 @@ async fn a_fleet_shares_what_calls_with_unseen_inputs_are_billed() {
         )
     };
     assert_eq!(through(a.addr).await.status, 200);
-    // The ceiling is shared in a task of its own as the call settles.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The ceiling is shared in a task of its own as the call settles: read it from the store
+    // as the other proxy will (a fixed wait had raced that task on a busy machine).
+    let store = tollgate::store::redis::RedisStore::connect(&redis.url())
+        .await
+        .unwrap();
+    let mut shared = None;
+    for _ in 0..500 {
+        shared = store.get_record("ceiling:dave:gpt-4o").await.unwrap();
+        if shared.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(shared.is_some(), "the ceiling was never shared");
     let refused = through(b.addr).await;
     assert_eq!(refused.status, 429, "{}", refused.body_str());
     assert_eq!(refused.json()["error"]["code"], "insufficient_quota");

@@ -13,6 +13,7 @@ mod operations;
 mod org;
 mod readme;
 mod reload;
+mod review;
 mod routes;
 mod service;
 mod tenants;

@@ -399,7 +399,7 @@ async fn a_tenants_answer_shows_the_tighter_of_its_windows_and_the_organisations
         from = "header:x-team"
         trusted_network = true
         requests = "5/d"
-        tokens = "100000/d"
+        tokens = "100000/30d"
         [tenants.tier_of]
         narrow = "narrow"
         [tiers.narrow]
@@ -474,8 +474,10 @@ async fn a_tenants_answer_shows_the_tighter_of_its_windows_and_the_organisations
         header(&answer, "anthropic-ratelimit-requests-remaining"),
         "4"
     );
-    // Its input tokens: 100,000 a day each, and the stand-in rounds its count to the thousand:
-    // the tenant's own count is the tighter. (The profile estimates Anthropic's input with
+    // Its input tokens: 100,000 each (a month's: a token refills in 26 s, so the count read
+    // is the count charged however slowly the call went; at 100,000 a day one refilled in
+    // 0.86 s and a slow run read one more), and the stand-in rounds its count to the
+    // thousand: the tenant's own count is the tighter. (The profile estimates Anthropic's input with
     // o200k, counted as OpenAI counts messages.)
     let input = provider::chat_prompt(&message);
     assert_eq!(
