@@ -11,7 +11,7 @@
 use std::future::Future;
 use std::pin::pin;
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -25,9 +25,9 @@ use tokio::task::AbortHandle;
 /// cancelled meanwhile, undone (a permit that was never received goes back).
 type Deliver = Box<dyn FnOnce(Python<'_>, &Bound<'_, PyAny>) -> PyResult<()> + Send>;
 
-/// One finished future, for the loop that awaits it.
+/// One finished future, for the loop that awaits it (held weakly: an asyncio future nobody
+/// holds any more was dropped, and its Rust future with it).
 struct Done {
-    event_loop: Py<PyAny>,
     future: Py<PyAny>,
     deliver: Deliver,
 }
@@ -104,12 +104,24 @@ fn hand_over(results: mpsc::Receiver<Done>) {
                 let setter = Setter {
                     deliver: Mutex::new(Some(done.deliver)),
                 };
-                let handed = done.event_loop.bind(py).call_method1(
-                    pyo3::intern!(py, "call_soon_threadsafe"),
-                    (setter, done.future.bind(py)),
-                );
+                // The weak reference answers None once nobody holds the asyncio future.
+                let Ok(future) = done.future.bind(py).call0() else {
+                    continue;
+                };
+                if future.is_none() {
+                    continue;
+                }
+                let handed =
+                    future
+                        .call_method0(pyo3::intern!(py, "get_loop"))
+                        .and_then(|event_loop| {
+                            event_loop.call_method1(
+                                pyo3::intern!(py, "call_soon_threadsafe"),
+                                (setter, &future),
+                            )
+                        });
                 // A closed loop: nobody awaits the result any more. Dropping it (the Setter)
-                // drops what it held, inside the runtime.
+                // undoes what it held, inside the runtime.
                 if let Err(err) = handed {
                     drop(err);
                 }
@@ -149,10 +161,14 @@ impl Drop for Setter {
     }
 }
 
-/// Aborts the task of a cancelled asyncio future.
+/// The task of an asyncio future, aborted when the future is cancelled, or dropped (a task
+/// left behind when its loop closed, a coroutine never resumed).
+type Task = Arc<OnceLock<AbortHandle>>;
+
+/// Aborts the task of a cancelled asyncio future (its done callback).
 #[pyclass(frozen)]
 struct Canceller {
-    task: AbortHandle,
+    task: Task,
 }
 
 #[pymethods]
@@ -161,10 +177,27 @@ impl Canceller {
         if future
             .call_method0(pyo3::intern!(py, "cancelled"))?
             .is_truthy()?
+            && let Some(task) = self.task.get()
         {
-            self.task.abort();
+            task.abort();
         }
         Ok(())
+    }
+}
+
+/// Aborts the task of an asyncio future that nobody holds any more (its weak reference's
+/// callback).
+#[pyclass(frozen)]
+struct Forgotten {
+    task: Task,
+}
+
+#[pymethods]
+impl Forgotten {
+    fn __call__(&self, _reference: &Bound<'_, PyAny>) {
+        if let Some(task) = self.task.get() {
+            task.abort();
+        }
     }
 }
 
@@ -233,9 +266,16 @@ where
     let event_loop = get_running_loop(py)?;
     let py_future = event_loop.call_method0(pyo3::intern!(py, "create_future"))?;
     let (done, runtime) = process(|p| (p.done.clone(), p.runtime));
-    let loop_ref = event_loop.clone().unbind();
-    let future_ref = py_future.clone().unbind();
-    let task = runtime.spawn(async move {
+    let task: Task = Arc::default();
+    let future_ref = weak_ref(py)?
+        .call1((
+            &py_future,
+            Forgotten {
+                task: Arc::clone(&task),
+            },
+        ))?
+        .unbind();
+    let spawned = runtime.spawn(async move {
         let result = future.await;
         let deliver: Deliver = Box::new(move |py, fut| {
             let cancelled = fut.call_method0(pyo3::intern!(py, "done"))?.is_truthy()?;
@@ -261,18 +301,26 @@ where
         });
         // Nobody reads this once the process exits; the result is dropped with it.
         let _ = done.send(Done {
-            event_loop: loop_ref,
             future: future_ref,
             deliver,
         });
     });
+    let _ = task.set(spawned.abort_handle());
     py_future.call_method1(
         pyo3::intern!(py, "add_done_callback"),
-        (Canceller {
-            task: task.abort_handle(),
-        },),
+        (Canceller { task },),
     )?;
     Ok(py_future)
+}
+
+static WEAK_REF: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+fn weak_ref(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    Ok(WEAK_REF
+        .get_or_try_init(py, || {
+            Ok::<_, PyErr>(py.import("weakref")?.getattr("ref")?.unbind())
+        })?
+        .bind(py))
 }
 
 static GET_RUNNING_LOOP: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
