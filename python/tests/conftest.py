@@ -18,6 +18,8 @@ from typing import Iterator, List, Optional
 
 import pytest
 
+import local_tiktoken
+
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
 
@@ -140,16 +142,10 @@ def stand_in() -> Iterator["type[StandIn]"]:
 def vocabulary(name: str) -> Path:
     """A tiktoken vocabulary file (`o200k_base.tiktoken`), from the tiktoken-rs crate the Rust
     estimators embed it from: these machines can't download tiktoken's own."""
-    metadata = subprocess.run(
-        ["cargo", "metadata", "--format-version", "1", "--manifest-path", str(ROOT / "Cargo.toml")],
-        check=True, capture_output=True, text=True).stdout
-    for package in json.loads(metadata)["packages"]:
-        if package["name"] == "tiktoken-rs":
-            path = Path(package["manifest_path"]).parent / "assets" / f"{name}.tiktoken"
-            if path.exists():
-                return path
-    missing("FIXTURES", f"{name}.tiktoken not found in the cargo registry (tiktoken-rs)")
-    raise AssertionError("unreachable")
+    path = local_tiktoken.vocabulary_file(name)
+    if path is None:
+        missing("FIXTURES", f"{name}.tiktoken not found in the cargo registry (tiktoken-rs)")
+    return path  # type: ignore[return-value]
 
 
 def tokenizers() -> Path:
