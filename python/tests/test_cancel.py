@@ -2,6 +2,7 @@
 nothing. The line is read exactly through a newcomer's `ready_in` on a ManualClock."""
 
 import asyncio
+import gc
 import math
 import signal
 import time
@@ -104,16 +105,20 @@ def test_a_signal_stops_a_blocking_wait_and_frees_its_place():
     assert limiter.try_acquire().ready_in == 720.0
 
 
-def test_a_dropped_loop_leaves_nothing_waiting():
+def test_a_task_left_pending_when_its_loop_closes_gives_up_its_place():
     limiter = Limiter("cancel-loop", requests="5/h burst 1", clock=ManualClock())
     assert limiter.try_acquire()
 
-    async def main() -> None:
-        asyncio.ensure_future(limiter.acquire(timeout=math.inf).__aenter__())
-        await until(lambda: limiter.waiting == 1)
-        # asyncio.run cancels what is left when main returns.
+    async def wait():
+        return await limiter.acquire(timeout=math.inf)
 
-    asyncio.run(main())
+    event_loop = asyncio.new_event_loop()
+    task = event_loop.create_task(wait())
+    event_loop.run_until_complete(until(lambda: limiter.waiting == 1))
+    # Closed without cancelling the task: nobody will ever resume it.
+    event_loop.close()
+    del task, event_loop
+    gc.collect()
     deadline = time.monotonic() + 5
     while limiter.waiting and time.monotonic() < deadline:
         time.sleep(0.001)
