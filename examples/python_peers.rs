@@ -2,10 +2,11 @@
 //! Rust process on a Redis key beside a Python one.
 //!
 //! ```text
-//! python_peers stand-in openai REQUESTS TOKENS PERIOD_SECONDS
-//! python_peers stand-in anthropic REQUESTS INPUT OUTPUT PERIOD_SECONDS
+//! python_peers stand-in openai REQUESTS TOKENS PERIOD_SECONDS [exact] [permanent]
+//! python_peers stand-in anthropic REQUESTS INPUT OUTPUT PERIOD_SECONDS [exact] [permanent]
 //!     prints {"addr": "127.0.0.1:PORT"}, then answers one JSON line per line read:
-//!     `stats` (what the stand-in counted), `burst N` (N chat bodies and their ideal time);
+//!     `stats` (what the stand-in counted), `burst N` (N chat bodies, OpenAI's or Anthropic's,
+//!     and their ideal time);
 //!     ends when its input ends
 //! python_peers redis-calls URL KEY REQUESTS TOKENS CALLS TOKENS_EACH
 //!     tries CALLS calls of 1 request and TOKENS_EACH tokens on KEY, without waiting, and
@@ -49,7 +50,7 @@ async fn main() {
 }
 
 async fn stand_in(args: &[String]) {
-    let options = match arg(args, 2) {
+    let mut options = match arg(args, 2) {
         "openai" => Options::openai(
             number(args, 3),
             number(args, 4),
@@ -66,6 +67,17 @@ async fn stand_in(args: &[String]) {
             std::process::exit(2)
         }
     };
+    let flags = if arg(args, 2) == "openai" { 6 } else { 7 };
+    for flag in args.iter().skip(flags) {
+        options = match flag.as_str() {
+            "exact" => options.exact(),
+            "permanent" => options.permanent(),
+            other => {
+                eprintln!("unknown flag `{other}`: exact or permanent");
+                std::process::exit(2)
+            }
+        };
+    }
     let stand_in = Provider::start_with(options.clone()).await;
     println!("{}", json!({"addr": stand_in.addr.to_string()}));
     let (lines, mut commands) = tokio::sync::mpsc::unbounded_channel();
@@ -85,13 +97,36 @@ async fn stand_in(args: &[String]) {
                 json!({
                     "ok": stats.ok.load(Ordering::Relaxed),
                     "refused": stats.refused.load(Ordering::Relaxed),
+                    "refused_requests": stats.refused_requests.load(Ordering::Relaxed),
+                    "arrivals": stats.arrivals.lock().unwrap().iter()
+                        .map(|(at, retry)| json!([at.as_secs_f64(), retry.map(|r| r.as_secs_f64())]))
+                        .collect::<Vec<_>>(),
+                    "refusals": stats.refusals.lock().unwrap().iter()
+                        .map(|(at, short_by)| json!([at.as_secs_f64(), short_by]))
+                        .collect::<Vec<_>>(),
                     "permanent": stats.permanent.load(Ordering::Relaxed),
                     "tokens": stats.tokens.load(Ordering::Relaxed),
                 })
             }
-            ["burst", count] => {
+            ["burst", count] if options.output_tokens.is_none() => {
                 let bodies = provider::chats(0, count.parse().unwrap_or(0));
                 let ideal = provider::ideal_seconds(&bodies, &options, 0.0);
+                json!({"bodies": bodies, "ideal": ideal})
+            }
+            ["burst", count] => {
+                // The same calls, as Anthropic's messages API takes them.
+                let bodies: Vec<Value> = provider::chats(0, count.parse().unwrap_or(0))
+                    .into_iter()
+                    .map(|chat| {
+                        json!({
+                            "model": "claude-sonnet-4-5",
+                            "max_tokens": chat["max_tokens"],
+                            "system": chat["messages"][0]["content"],
+                            "messages": [chat["messages"][1]],
+                        })
+                    })
+                    .collect();
+                let ideal = provider::ideal_seconds_anthropic(&bodies, &options);
                 json!({"bodies": bodies, "ideal": ideal})
             }
             _ => json!({"error": format!("unknown command `{line}`")}),
@@ -120,7 +155,6 @@ async fn redis_calls(args: &[String]) {
                 ready_in = json!(wait.as_secs_f64());
                 break;
             }
-            _ => unreachable!("an attempt is admitted or not yet"),
         }
     }
     let snapshot = limiter.snapshot().await.expect("the store answers");

@@ -50,13 +50,17 @@ struct Spec {
     timeout: Timeout,
     retries: u32,
     sync: bool,
+    foreign: bool,
     redis: Option<String>,
 }
 
 impl Spec {
     async fn build(&self) -> Result<Gate, tollgate::Error> {
         let profile = profile(&self.profile).expect("checked when the gate was made");
-        let mut builder = Gate::builder(profile).retries(self.retries).sync(self.sync);
+        let mut builder = Gate::builder(profile)
+            .retries(self.retries)
+            .sync(self.sync)
+            .model_foreign_spending(self.foreign);
         builder = match &self.limits {
             Some(limits) => builder.limits(limits.clone()),
             None => builder.limits_from_headers(Duration::from_secs(60)),
@@ -139,7 +143,7 @@ impl Answer for NewAttempts {
 #[pymethods]
 impl PyGate {
     #[new]
-    #[pyo3(signature = (profile, requests=None, tokens=None, output_tokens=None, *, from_headers=false, key=None, redis=None, timeout=None, retries=3, sync=true))]
+    #[pyo3(signature = (profile, requests=None, tokens=None, output_tokens=None, *, from_headers=false, key=None, redis=None, timeout=None, retries=3, sync=true, model_foreign_spending=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         profile: &str,
@@ -152,6 +156,7 @@ impl PyGate {
         timeout: Option<&Bound<'_, PyAny>>,
         retries: u32,
         sync: bool,
+        model_foreign_spending: bool,
     ) -> PyResult<PyGate> {
         self::profile(profile)?;
         let given = requests.is_some() || tokens.is_some() || output_tokens.is_some();
@@ -171,6 +176,7 @@ impl PyGate {
             timeout: values::timeout(timeout)?,
             retries,
             sync,
+            foreign: model_foreign_spending,
             redis,
         };
         let cell = tokio::sync::OnceCell::new();
@@ -358,7 +364,7 @@ impl PyAttempts {
     fn admit<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let mut attempts = self.taken()?;
         let slot = Arc::clone(&self.attempts);
-        runtime::awaitable(py, async move {
+        runtime::awaitable_now(py, async move {
             let admitted = attempts.admit().await;
             runtime::put(&slot, attempts);
             Ok(Admitted(admitted?))

@@ -430,7 +430,7 @@ impl PyLimiter {
         };
         let counter = slf.clone().unbind();
         let owned = slf.unbind();
-        runtime::awaitable(py, async move {
+        runtime::awaitable_now(py, async move {
             let this = owned.get();
             // A long text is counted off the runtime's workers.
             let long = tollgate::estimators::text_len(&value) >= COUNT_APART_FROM;
@@ -496,7 +496,7 @@ impl Acquire {
     fn start<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let limiter = self.limiter.clone_ref(py);
         let (cost, timeout) = (self.cost, self.timeout);
-        runtime::awaitable(py, async move {
+        runtime::awaitable_now(py, async move {
             let this = limiter.get();
             let permit = acquire(this.limiter().await?, cost, timeout).await?;
             Ok(Admitted {

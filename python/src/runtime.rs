@@ -313,6 +313,35 @@ where
     Ok(py_future)
 }
 
+/// Like [`awaitable`], but `future` is polled once here first: when it is ready at once (an
+/// admission a memory store pays on the spot), the asyncio future comes back already done, and
+/// awaiting it doesn't yield to the loop. A call admitted this way goes out before the loop
+/// runs anything else: on the loop's turn, other tasks' work would stand between its admission
+/// and its send, and the provider's windows refill from its arrival, not its admission.
+pub(crate) fn awaitable_now<'py, F, T>(py: Python<'py>, future: F) -> PyResult<Bound<'py, PyAny>>
+where
+    F: Future<Output = Result<T, Failure>> + Send + 'static,
+    T: Answer,
+{
+    let mut future = Box::pin(future);
+    let Some(result) = now_or_later(&mut future) else {
+        return awaitable(py, future);
+    };
+    let py_future = get_running_loop(py)?.call_method0(pyo3::intern!(py, "create_future"))?;
+    match result {
+        Ok(value) => {
+            py_future.call_method1(pyo3::intern!(py, "set_result"), (value.into_py(py)?,))?;
+        }
+        Err(err) => {
+            py_future.call_method1(
+                pyo3::intern!(py, "set_exception"),
+                (err.into_py_err(py).into_value(py),),
+            )?;
+        }
+    }
+    Ok(py_future)
+}
+
 static WEAK_REF: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 fn weak_ref(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {

@@ -23,6 +23,10 @@ def transports(hx: ModuleType, module: str) -> Tuple[type, type]:
     # read for its usage (the proxy drops it too), and the length is httpx's to set.
     _DROPPED = {b"accept-encoding", b"content-length", b"transfer-encoding"}
 
+    # Bodies shorter than this are estimated on the loop's thread (a few hundred microseconds
+    # at most); longer ones on a thread of the runtime.
+    _COUNT_HERE_BELOW = 64 << 10
+
     def _gate(profile: str, requests: Optional[str], tokens: Optional[str], output_tokens: Optional[str],
               limits: Optional[str], key: Optional[str], redis: Optional[str],
               timeout: Union[None, float, str], retries: int, sync: bool) -> Gate:
@@ -210,8 +214,13 @@ def transports(hx: ModuleType, module: str) -> Tuple[type, type]:
             gate = self.gate
             await gate.aready()
             body = await request.aread()
-            attempts: Attempts = await gate.attempts_async(
-                request.method, str(request.url), _raw(request.headers), body)
+            if len(body) < _COUNT_HERE_BELOW:
+                # Counted here, without the GIL: a thread of the runtime for every request of a
+                # burst would cost more than the count.
+                attempts: Attempts = gate.attempts(request.method, str(request.url), _raw(request.headers), body)
+            else:
+                attempts = await gate.attempts_async(
+                    request.method, str(request.url), _raw(request.headers), body)
             while True:
                 try:
                     call = await attempts.admit()
