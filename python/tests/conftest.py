@@ -41,7 +41,7 @@ def program(name: str) -> Path:
     for path in (TARGET / "debug" / name, TARGET / "debug" / "examples" / name):
         if path.exists():
             return path
-    missing("PROGRAMS", f"{name} is not built: run `cargo build --example python_peers -p tollgate-proxy` first")
+    missing("PROGRAMS", f"{name} is not built: run `cargo build --example python_peers && cargo build -p tollgate-proxy` first")
     raise AssertionError("unreachable")
 
 
