@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Iterator, List, Optional
@@ -157,7 +158,8 @@ def tokenizers() -> Path:
 
 def run_python(code: str, *args: str, timeout: float = 60) -> str:
     """Runs `code` in another Python process (this interpreter, this tollgate); its stdout."""
+    # Not from python/, where the sources (without the compiled module) would shadow the wheel.
     done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, cwd=tempfile.gettempdir())
     assert done.returncode == 0, done.stderr
     return done.stdout

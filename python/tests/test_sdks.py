@@ -210,15 +210,8 @@ def test_eighty_calls_at_once_from_the_openai_sdk_stay_inside_the_quota(stand_in
 
 
 @pytest.mark.burst
-def test_eighty_calls_at_once_from_the_anthropic_sdk_all_pass_within_the_ideal_time(stand_in):
-    """The issue asks for at most two 429s here as for OpenAI; this run lets through 0 to 6
-    (median 2). The input window is the cause: the stand-in's windows stay full until a
-    burst's first call arrives, and the gate credits refill from its admission; on the asyncio
-    loop the SDK's work for the other 79 calls stands between the two (about 25 ms, 50 tokens
-    here). OpenAI's token window also holds each call's unused reservation until its answer is
-    read, which absorbs that; Anthropic's output window is apart, and its rounded `remaining`
-    headers (read at their most) can't correct it. What holds every time is asserted."""
+def test_eighty_calls_at_once_from_the_anthropic_sdk_stay_inside_the_quota(stand_in):
     outcome = burst(False, stand_in)
     assert outcome["ok"] == 80
-    assert outcome["refused"] <= 10, outcome
+    assert outcome["refused"] <= 2, outcome
     assert outcome["seconds"] <= 1.15 * outcome["ideal"], outcome
