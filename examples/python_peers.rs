@@ -2,8 +2,8 @@
 //! Rust process on a Redis key beside a Python one.
 //!
 //! ```text
-//! python_peers stand-in openai REQUESTS TOKENS PERIOD_SECONDS [exact] [permanent]
-//! python_peers stand-in anthropic REQUESTS INPUT OUTPUT PERIOD_SECONDS [exact] [permanent]
+//! python_peers stand-in openai REQUESTS TOKENS PERIOD_SECONDS [exact|honest] [permanent]
+//! python_peers stand-in anthropic REQUESTS INPUT OUTPUT PERIOD_SECONDS [exact|honest] [permanent]
 //!     prints {"addr": "127.0.0.1:PORT"}, then answers one JSON line per line read:
 //!     `stats` (what the stand-in counted), `burst N` (N chat bodies, OpenAI's or Anthropic's,
 //!     and their ideal time);
@@ -71,9 +71,11 @@ async fn stand_in(args: &[String]) {
     for flag in args.iter().skip(flags) {
         options = match flag.as_str() {
             "exact" => options.exact(),
+            // Its counts are tiktoken's exactly (no stray), its answers as slow as ever.
+            "honest" => options.error(0.0, 1),
             "permanent" => options.permanent(),
             other => {
-                eprintln!("unknown flag `{other}`: exact or permanent");
+                eprintln!("unknown flag `{other}`: exact, honest or permanent");
                 std::process::exit(2)
             }
         };
