@@ -247,4 +247,5 @@ def transports(hx: ModuleType, module: str) -> Tuple[type, type]:
 
     for cls in (Transport, AsyncTransport, _MeteredStream, _AsyncMeteredStream):
         cls.__module__ = module
+        cls.__qualname__ = cls.__name__
     return Transport, AsyncTransport
