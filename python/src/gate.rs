@@ -210,11 +210,17 @@ impl PyGate {
         key: Option<String>,
         redis: Option<String>,
         timeout: Option<&Bound<'_, PyAny>>,
-        retries: u32,
+        retries: i64,
         sync: bool,
         model_foreign_spending: bool,
     ) -> PyResult<PyGate> {
         self::profile(profile)?;
+        let retries = u32::try_from(retries).map_err(|_| {
+            value_error(format!(
+                "retries: {retries}; how often a 429 is sent again is 0 or more (at most {})",
+                u32::MAX
+            ))
+        })?;
         let given = requests.is_some() || tokens.is_some() || output_tokens.is_some();
         let limits = match (from_headers, given) {
             (true, true) => {

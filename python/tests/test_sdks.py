@@ -222,3 +222,25 @@ def test_eighty_calls_at_once_from_the_anthropic_sdk_stay_inside_the_quota(stand
     assert outcome["ok"] == 80
     assert outcome["refused"] <= 2, outcome
     assert outcome["seconds"] <= 1.15 * outcome["ideal"], outcome
+
+
+@pytest.mark.parametrize("arguments, message", [
+    ({"profile": "nope", "requests": "1/s"}, "unknown profile `nope`"),
+    ({"profile": "openai"}, "no limits given"),
+    ({"profile": "openai", "requests": "1/s", "from_headers": True}, "limits given and from_headers"),
+    ({"profile": "openai", "requests": "1/s", "retries": -1}, "retries: -1"),
+    ({"profile": "openai", "requests": "500/q"}, "unknown unit `q`"),
+    ({"profile": "openai", "requests": "1/s", "timeout": "soon"}, "soon"),
+])
+def test_a_gate_made_wrong_is_a_value_error_that_says_what(arguments, message):
+    with pytest.raises(ValueError, match=message):
+        tollgate.Gate(**arguments)
+
+
+def test_a_request_the_gate_cant_read_is_a_value_error_and_charges_nothing():
+    gate = tollgate.Gate("openai", requests="10/m", tokens="1000/m", key="unreadable")
+    with pytest.raises(ValueError, match="content-encoding `snappy`"):
+        gate.attempts("POST", "http://x/v1/chat/completions", [(b"content-encoding", b"snappy")], b"{}")
+    with pytest.raises(ValueError, match="not valid gzip"):
+        gate.attempts("POST", "http://x/v1/chat/completions", [(b"content-encoding", b"gzip")], b"junk")
+    assert gate.levels("unreadable") is None
