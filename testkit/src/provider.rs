@@ -1196,6 +1196,63 @@ pub fn ideal_seconds(bodies: &[Value], options: &Options, neighbour_share: f64) 
     end
 }
 
+/// [`ideal_seconds`] for an Anthropic-style stand-in (`Options::anthropic`): each call's input
+/// from the input window and its reservation from the output window, the unused part of the
+/// reservation coming back when its answer is done. In seconds from the start.
+pub fn ideal_seconds_anthropic(bodies: &[Value], options: &Options) -> f64 {
+    let period = options.period.as_secs_f64();
+    let output_limit = options.output_tokens.unwrap_or(u64::MAX) as f64;
+    let rates = [
+        options.requests as f64 / period,
+        options.tokens as f64 / period,
+        output_limit / period,
+    ];
+    let caps = [options.requests as f64, options.tokens as f64, output_limit];
+    let mut levels = caps;
+    let (mut now, mut end) = (0.0f64, 0.0f64);
+    // Output to come back: (when, tokens), kept sorted by time.
+    let mut refunds: Vec<(f64, f64)> = Vec::new();
+    let advance = |levels: &mut [f64; 3], by: f64| {
+        for i in 0..3 {
+            levels[i] = (levels[i] + rates[i] * by).min(caps[i]);
+        }
+    };
+    for body in bodies {
+        let input = strayed(anthropic_input(body), body, options) as f64;
+        let reserved = reserved(body);
+        let written = completion(input as u64, named_reservation(body), options);
+        let costs = [1.0, input, reserved as f64];
+        loop {
+            let wait = (0..3)
+                .map(|i| (costs[i] - levels[i]).max(0.0) / rates[i])
+                .fold(0.0, f64::max);
+            match refunds.first().copied() {
+                Some((when, amount)) if when <= now + wait => {
+                    advance(&mut levels, (when - now).max(0.0));
+                    now = now.max(when);
+                    levels[2] = (levels[2] + amount).min(caps[2]);
+                    refunds.remove(0);
+                }
+                _ => {
+                    advance(&mut levels, wait);
+                    now += wait;
+                    break;
+                }
+            }
+        }
+        for i in 0..3 {
+            levels[i] -= costs[i];
+        }
+        let took =
+            options.latency.as_secs_f64() + options.per_output_token.as_secs_f64() * written as f64;
+        let done = now + took;
+        let at = refunds.partition_point(|(when, _)| *when <= done);
+        refunds.insert(at, (done, reserved.saturating_sub(written) as f64));
+        end = end.max(done);
+    }
+    end
+}
+
 /// `count` chat calls like the agent's of [`workload`] (prompts of 40 to 940 words, 100
 /// output tokens reserved), numbered from `first`.
 pub fn chats(first: u64, count: u64) -> Vec<Value> {
