@@ -541,7 +541,6 @@ pub(crate) async fn metered(
     let family = upstream.family;
     // Its bill teaches what such calls cost: read to its end even if the client leaves it.
     let drain = hidden.is_some();
-    let visible = attempts.estimated().input_tokens();
     let deadline = attempts.deadline();
     let started = Instant::now();
     let model = attempts.estimated().model().map(crate::answer::printable);
@@ -611,12 +610,9 @@ pub(crate) async fn metered(
             let status = line.lock().unwrap_or_else(PoisonError::into_inner).status;
             let reported = settlement.reported;
             // Whether the provider said what the input was billed. An answer that reports
-            // none is settled with the visible estimate in its place (`Call::finish`): that
-            // is no bill, and teaches nothing (learnt, it had made the ceiling the estimate).
-            let billed = reported.input.is_some()
-                && !(reported.input == Some(visible)
-                    && reported.cache_read.is_none()
-                    && reported.cache_write.is_none());
+            // none is settled with what was charged in its place (`Call::finish`): that is no
+            // bill, and teaches nothing (learnt, it had made the ceiling the estimate).
+            let billed = settlement.input_reported;
             if let Some((tenant, model)) = &hidden
                 && billed
                 && (200..400).contains(&status)

@@ -34,11 +34,16 @@ pub struct Call {
     learning: Arc<std::sync::Mutex<Option<OwnedSemaphorePermit>>>,
     stream: bool,
     sent: Option<Instant>,
+    /// When the key charged it: its windows started refilling from then.
+    admitted: Instant,
     /// What the gate estimated: input tokens, and the most output the call may write.
     input: u64,
     /// The input as charged: the estimate and its margin (what stands when the answer reports
     /// no input count).
     charged_input: u64,
+    /// Input the gate could not see (a previous response, a file by reference), reserved from
+    /// budgets alone: an answer that reports no input count is billed it too.
+    unseen: u64,
     most_output: u64,
     /// The most its model can write (the profile's table), times the copies asked for.
     model_most: u64,
@@ -78,6 +83,9 @@ pub struct Settlement {
     pub reported: Reported,
     /// The answer ended before its end: the caller went away, or the upstream broke off.
     pub cut: bool,
+    /// The answer said what its input was billed (an input count, or a total): where it did
+    /// not, `reported.input` is what the call was charged for it, filled in.
+    pub input_reported: bool,
     /// The usage reported was more than the request could have produced, and was cut.
     pub clamped: bool,
     /// What the call cost, in micro-dollars, at its model's prices (`None`: its model has no
@@ -132,8 +140,10 @@ impl Call {
             learning: Arc::new(std::sync::Mutex::new(learning)),
             stream: estimated.stream,
             sent: None,
+            admitted: Instant::now(),
             input: estimated.input,
             charged_input,
+            unseen: estimated.unseen,
             most_output: estimated.output,
             model_most: estimated.model_most,
             model: estimated.model.clone(),
@@ -443,7 +453,10 @@ impl Call {
             flight: self.permit.as_ref().and_then(Permit::flight).unwrap_or(0),
             charged: self.cost().unwrap_or_default(),
             refused: refused.then(|| gate.profile.refusal_returns()),
-            counted_after: counted_after(sent.elapsed(), processing),
+            // From the admission: the key's windows refilled from then, through the wait
+            // before the call went out (an event loop's other work) and its way there.
+            counted_after: sent.saturating_duration_since(self.admitted)
+                + counted_after(sent.elapsed(), processing),
             ..SyncArgs::default()
         };
         for header in read {
@@ -585,10 +598,12 @@ impl Call {
             *price = super::models::Price::default();
             self.fees = 0;
         }
-        // An input count that is missing or can't be read (`null`, `1e30`, `NaN`) is the
-        // estimate, never nothing (unless a total stands for it).
-        if reported.input.is_none() && reported.total.is_none() {
-            reported.input = Some(self.charged_input);
+        // An input count that is missing or can't be read (`null`, `1e30`, `NaN`) is what was
+        // charged for it, and what the gate could not see, never nothing (unless a total
+        // stands for it).
+        let input_reported = reported.input.is_some() || reported.total.is_some();
+        if !input_reported {
+            reported.input = Some(self.charged_input.saturating_add(self.unseen));
         }
         if reported.output.is_none() && reported.total.is_none() {
             // No output count: the reservation stands, or what was generated if more. An
@@ -596,7 +611,6 @@ impl Call {
             // response, hidden reasoning, audio: output nobody saw here).
             let generated = reported.generated.unwrap_or(0);
             reported.output = Some(generated.max(self.reserved_charged()));
-            reported.input = reported.input.or(Some(self.charged_input));
         }
         let extras = std::mem::take(&mut self.extras);
         let mut settled = Ok(Usage::default());
@@ -628,6 +642,7 @@ impl Call {
             cut,
             clamped,
             spend,
+            input_reported,
         });
         settled
     }
@@ -669,7 +684,6 @@ impl Call {
         let mut reported = reported;
         reported.output = Some(seen);
         reported.total = None;
-        reported.input = reported.input.or(Some(self.charged_input));
         self.finish(reported).await
     }
 

@@ -37,8 +37,10 @@ fn waiters_planned_on_an_empty_window_pass_when_refunds_come_on_redis() {
         let limits = Limits::parse("1000/m", "20000/m")
             .unwrap()
             .with_output_tokens("80000/m".parse::<Rates>().unwrap());
+        // Estimates charged as they are: the 20 calls fill the window exactly.
         let gate = Gate::builder(Profile::anthropic())
             .limits(limits)
+            .estimate_margin(tollgate::Margin::NONE)
             .registry(Arc::clone(&registry))
             .first_answer_wait(None)
             .timeout(Some(Duration::from_secs(120)))
