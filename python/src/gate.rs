@@ -86,62 +86,6 @@ impl Spec {
 pub(crate) struct PyGate {
     spec: Arc<Spec>,
     gate: Arc<tokio::sync::OnceCell<Gate>>,
-    heard: Heard,
-}
-
-/// The keys whose first answer this gate has read.
-type Heard = Arc<Mutex<std::collections::HashSet<String>>>;
-
-/// How many keys a gate remembers as heard (keys that clients invent must not grow it without
-/// bound; a key forgotten takes its correction once more, which only errs on the safe side).
-const HEARD_KEYS: usize = 4_096;
-
-/// Whether `key`'s answer is the first this gate reads (and remembers that it was read).
-fn first_answer(heard: &Heard, key: &str) -> bool {
-    let mut heard = heard.lock().unwrap_or_else(PoisonError::into_inner);
-    if heard.contains(key) {
-        return false;
-    }
-    if heard.len() >= HEARD_KEYS {
-        heard.clear();
-    }
-    heard.insert(key.to_owned())
-}
-
-/// A key's first answer: the provider's windows stayed full until that call arrived there,
-/// while the key's windows here refilled from its admission, and no sync sees the difference
-/// (a sync credits the refill from the admission too). On the asyncio loop the SDK's work for
-/// every other call of a burst stands between the first call's admission and its send (tens
-/// of milliseconds), and that much refill, which the provider never had, let the burst's first
-/// paced calls through early: the stand-in refused one to six of 80 Anthropic calls. When the
-/// call arrived can't be known, only that it was before its answer: the refill of its whole
-/// round trip is taken off, once per key, before the calls waiting for this answer go on.
-async fn take_off_transit(
-    gate: &Gate,
-    key: &str,
-    cost: tollgate::Cost,
-    transit: Duration,
-) -> Result<(), tollgate::Error> {
-    let Some(limiter) = gate.limiter_of(key) else {
-        return Ok(());
-    };
-    let limits = limiter.limits().clone();
-    let delta = tollgate::PerCurrency::from_fn(|currency| {
-        if cost.of(currency) == 0 {
-            return 0;
-        }
-        let refilled = limits
-            .of(currency)
-            .as_slice()
-            .iter()
-            .map(|rate| rate.amount() as f64 / rate.period().as_secs_f64() * transit.as_secs_f64())
-            .fold(0.0, f64::max);
-        -(refilled.floor().min(i64::MAX as f64) as i64)
-    });
-    if delta.iter().all(|(_, d)| *d == 0) {
-        return Ok(());
-    }
-    limiter.adjust(delta).await
 }
 
 impl PyGate {
@@ -188,11 +132,11 @@ fn header_map(headers: &Bound<'_, PyList>) -> PyResult<HeaderMap> {
 }
 
 /// Attempts on their way to Python.
-struct NewAttempts(Attempts, Gate, Heard);
+struct NewAttempts(Attempts);
 
 impl Answer for NewAttempts {
     fn into_py(self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        Ok(Py::new(py, PyAttempts::new(self.0, self.1, self.2))?.into_any())
+        Ok(Py::new(py, PyAttempts::new(self.0))?.into_any())
     }
 }
 
@@ -250,7 +194,6 @@ impl PyGate {
         Ok(PyGate {
             spec: Arc::new(spec),
             gate: Arc::new(cell),
-            heard: Arc::default(),
         })
     }
 
@@ -292,11 +235,7 @@ impl PyGate {
                 Attempts::new(gate, &parts, body)
             })
             .map_err(to_py)?;
-        Ok(PyAttempts::new(
-            attempts,
-            gate.clone(),
-            Arc::clone(&self.heard),
-        ))
+        Ok(PyAttempts::new(attempts))
     }
 
     /// `attempts` on the running loop: a long body is counted on a thread of the runtime.
@@ -310,14 +249,11 @@ impl PyGate {
     ) -> PyResult<Bound<'py, PyAny>> {
         let gate = self.built()?.clone();
         let parts = parts(method, url, headers)?;
-        let heard = Arc::clone(&self.heard);
         runtime::awaitable(py, async move {
-            let reading = gate.clone();
-            let attempts =
-                tokio::task::spawn_blocking(move || Attempts::new(&reading, &parts, &body))
-                    .await
-                    .map_err(|e| PyRuntimeError::new_err(e.to_string()))??;
-            Ok(NewAttempts(attempts, gate, heard))
+            let attempts = tokio::task::spawn_blocking(move || Attempts::new(&gate, &parts, &body))
+                .await
+                .map_err(|e| PyRuntimeError::new_err(e.to_string()))??;
+            Ok(NewAttempts(attempts))
         })
     }
 
@@ -350,8 +286,6 @@ impl PyGate {
 #[pyclass(frozen, module = "tollgate._native", name = "Attempts")]
 pub(crate) struct PyAttempts {
     attempts: Slot<Attempts>,
-    gate: Gate,
-    heard: Heard,
     key: String,
     input_tokens: u64,
     most_output: u64,
@@ -359,24 +293,15 @@ pub(crate) struct PyAttempts {
 }
 
 impl PyAttempts {
-    fn new(attempts: Attempts, gate: Gate, heard: Heard) -> PyAttempts {
+    fn new(attempts: Attempts) -> PyAttempts {
         let estimated = attempts.estimated();
         PyAttempts {
-            gate,
-            heard,
             key: estimated.key().to_owned(),
             input_tokens: estimated.input_tokens(),
             most_output: estimated.most_output(),
             stream: estimated.is_stream(),
             attempts: runtime::slot(attempts),
         }
-    }
-
-    /// For the first answer this gate reads for the call's key: what the call paid, and how
-    /// long it was out (see `take_off_transit`).
-    fn first(&self, call: &Call, transit: Option<Duration>) -> Option<(tollgate::Cost, Duration)> {
-        let (cost, transit) = (call.cost()?, transit?);
-        first_answer(&self.heard, call.key()).then_some((cost, transit))
     }
 
     fn taken(&self) -> PyResult<Attempts> {
@@ -463,16 +388,10 @@ impl PyAttempts {
         headers: &Bound<'_, PyList>,
         body: Option<Vec<u8>>,
     ) -> PyResult<PyNext> {
-        let (call, status, headers, fed, transit) = answer_parts(call, status, headers, body)?;
+        let (call, status, headers, fed) = answer_parts(call, status, headers, body)?;
         let usage_added = call.usage_added();
-        let first = self.first(&call, transit);
         let mut attempts = self.taken()?;
-        let gate = self.gate.clone();
         let next = runtime::block(py, async {
-            if let Some((cost, transit)) = first {
-                // A store that fails here fails the call's settlement too, and says so there.
-                let _ = take_off_transit(&gate, call.key(), cost, transit).await;
-            }
             attempts.answered(call, status, &headers, fed.clone()).await
         });
         runtime::put(&self.attempts, attempts);
@@ -493,16 +412,11 @@ impl PyAttempts {
         headers: &Bound<'py, PyList>,
         body: Option<Vec<u8>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let (call, status, headers, fed, transit) = answer_parts(call, status, headers, body)?;
+        let (call, status, headers, fed) = answer_parts(call, status, headers, body)?;
         let usage_added = call.usage_added();
-        let first = self.first(&call, transit);
         let mut attempts = self.taken()?;
         let slot = Arc::clone(&self.attempts);
-        let gate = self.gate.clone();
         runtime::awaitable(py, async move {
-            if let Some((cost, transit)) = first {
-                let _ = take_off_transit(&gate, call.key(), cost, transit).await;
-            }
             let next = attempts.answered(call, status, &headers, fed.clone()).await;
             runtime::put(&slot, attempts);
             match next {
@@ -513,7 +427,7 @@ impl PyAttempts {
     }
 }
 
-type AnswerParts = (Call, StatusCode, HeaderMap, FedBody, Option<Duration>);
+type AnswerParts = (Call, StatusCode, HeaderMap, FedBody);
 
 fn answer_parts(
     call: &PyCall,
@@ -521,11 +435,6 @@ fn answer_parts(
     headers: &Bound<'_, PyList>,
     body: Option<Vec<u8>>,
 ) -> PyResult<AnswerParts> {
-    let transit = call
-        .sent
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .map(|sent| sent.elapsed());
     let status = StatusCode::from_u16(status)
         .map_err(|_| value_error(format!("status {status} is not an HTTP status")))?;
     let headers = header_map(headers)?;
@@ -536,7 +445,7 @@ fn answer_parts(
         fed.push(Bytes::from(body));
         fed.end();
     }
-    Ok((call, status, headers, fed, transit))
+    Ok((call, status, headers, fed))
 }
 
 /// One attempt, admitted: mark it `sending()` right before it goes out.
@@ -544,7 +453,6 @@ fn answer_parts(
 pub(crate) struct PyCall {
     call: Slot<Call>,
     /// When it went out.
-    sent: Mutex<Option<std::time::Instant>>,
     body: Option<Bytes>,
     key: String,
     tokens: u64,
@@ -560,7 +468,6 @@ impl PyCall {
             tokens: cost.tokens,
             output_tokens: cost.output_tokens,
             call: runtime::slot(call),
-            sent: Mutex::new(None),
         }
     }
 }
@@ -600,8 +507,6 @@ impl PyCall {
         match slot.0.as_mut() {
             Some(call) => {
                 call.sending();
-                *self.sent.lock().unwrap_or_else(PoisonError::into_inner) =
-                    Some(std::time::Instant::now());
                 Ok(())
             }
             None => Err(PyRuntimeError::new_err("this call was already answered")),
