@@ -186,7 +186,11 @@ impl Resolved<'_> {
     /// Pays one request plus `input` tokens and the `reserve`d output, waiting up to the
     /// call's timeout. The reservation goes to the output-token windows where the limits have
     /// them (providers that meter output apart), else to the token windows.
-    pub async fn acquire(&self, input: u64, reserve: u64) -> Result<Permit, Error> {
+    ///
+    /// A call that will settle from its answer's usage (`settles`) goes out as a call in flight:
+    /// its settlement then also gives back the refill its windows had alone while it was on its
+    /// way, if it found them full (see [`Op::Settle`](crate::store::Op::Settle)).
+    pub async fn acquire(&self, input: u64, reserve: u64, settles: bool) -> Result<Permit, Error> {
         let limits = self.limiter.limits();
         // The estimate and its margin (given back when the call settles with its usage), never
         // past a token window the estimate alone fits in. An estimator that errs high by design
@@ -220,10 +224,15 @@ impl Resolved<'_> {
         } else {
             Cost::call(0)
         };
-        match self.timeout() {
-            Timeout::Default => self.limiter.acquire(cost).await,
-            Timeout::Never => self.limiter.acquire_timeout(cost, None).await,
-            Timeout::After(d) => self.limiter.acquire_timeout(cost, Some(d)).await,
+        let timeout = match self.timeout() {
+            Timeout::Default => self.limiter.policy().timeout(),
+            Timeout::Never => None,
+            Timeout::After(d) => Some(d),
+        };
+        if settles {
+            self.limiter.acquire_flight(cost, timeout).await
+        } else {
+            self.limiter.acquire_timeout(cost, timeout).await
         }
     }
 

@@ -108,6 +108,7 @@ fn admit(options: &Options, key: &Expr, counted: &[(Ident, bool)]) -> TokenStrea
         }
     };
     let (tallies, sizes) = tallies(counted);
+    let settles = options.settle.is_some();
     let reserve = match &options.reserve_output {
         None => quote!(0u64),
         Some(None) => quote!(__tollgate_tally.reserved_output),
@@ -145,7 +146,7 @@ fn admit(options: &Options, key: &Expr, counted: &[(Ident, bool)]) -> TokenStrea
                 __tollgate_input = __tollgate_tally.input_tokens;
                 __tollgate_reserve = #reserve;
             }
-            match __tollgate_call.acquire(__tollgate_input, __tollgate_reserve).await {
+            match __tollgate_call.acquire(__tollgate_input, __tollgate_reserve, #settles).await {
                 ::core::result::Result::Ok(permit) => (__tollgate_call, permit),
                 ::core::result::Result::Err(__tollgate_error) => #fail,
             }

@@ -104,6 +104,10 @@ pub enum Op {
         used: PerCurrency<Option<u64>>,
         /// Whether this is the call's last settlement.
         last: bool,
+        /// How long after it went out the provider counted it (zero: not known), for a call
+        /// that found a window full and whose refill the key credited alone until then (see
+        /// [`SyncArgs::counted_after`]): taken off here unless a sync took it off already.
+        counted_after: Duration,
     },
     /// What every window holds now: [`Outcome::Snapshot`].
     Snapshot,
@@ -194,7 +198,8 @@ impl KeyState {
                 charged,
                 used,
                 last,
-            } => Ok(self.settle(limits, now, flight, charged, used, last)),
+                counted_after,
+            } => Ok(self.settle(limits, now, flight, charged, used, last, counted_after)),
             Op::Snapshot => Ok(Outcome::Snapshot(self.snapshot(limits, now))),
             Op::Ping => Ok(Outcome::Done),
         }

@@ -335,10 +335,15 @@ impl Call {
             }
         });
         if let Some(limiter) = self.limiter() {
-            match self
-                .sync(&limiter, &read, refused, processing_time(headers))
-                .await
-            {
+            // When the provider counted the call, from its admission: what a sync (or, without
+            // one, its settlement) credits.
+            let sent = self.sent.unwrap_or_else(Instant::now);
+            let counted = sent.saturating_duration_since(self.admitted)
+                + counted_after(sent.elapsed(), processing_time(headers));
+            if let Some(permit) = self.permit.as_mut() {
+                permit.counted_after(counted);
+            }
+            match self.sync(&limiter, &read, refused, counted).await {
                 // The call is done: the sync read the provider's count without it where the
                 // provider's rules say it counted nothing of it.
                 Ok(()) if refused => {
@@ -442,7 +447,7 @@ impl Call {
         limiter: &Limiter,
         read: &[RateHeader],
         refused: bool,
-        processing: Option<Duration>,
+        counted: Duration,
     ) -> Result<(), Error> {
         let gate = &self.gate.inner;
         let limits = limiter.limits();
@@ -455,8 +460,7 @@ impl Call {
             refused: refused.then(|| gate.profile.refusal_returns()),
             // From the admission: the key's windows refilled from then, through the wait
             // before the call went out (an event loop's other work) and its way there.
-            counted_after: sent.saturating_duration_since(self.admitted)
-                + counted_after(sent.elapsed(), processing),
+            counted_after: counted,
             ..SyncArgs::default()
         };
         for header in read {

@@ -208,8 +208,9 @@ impl GateBuilder {
     /// let body = br#"{"model":"gpt-4o","max_tokens":100,"messages":[{"role":"user","content":"Hi"}]}"#;
     /// let (parts, ()) = http::Request::post("https://api.openai.com/v1/chat/completions").body(())?.into_parts();
     /// let call = gate.admit(&parts, body).await?;
-    /// // Its input at $2.50 a million and 100 output tokens at $10 a million, rounded up.
-    /// assert_eq!(call.cost().unwrap().spend, 1_020);
+    /// // Its input (8 tokens, 9 with the 3% estimate margin) at $2.50 a million and
+    /// // 100 output tokens at $10 a million, rounded up.
+    /// assert_eq!(call.cost().unwrap().spend, 1_023);
     /// # Ok(())
     /// # }
     /// ```

@@ -51,6 +51,11 @@ pub struct Permit<S: Store = AnyStore> {
     /// What the limiter had admitted, per currency, once this call was (in the currencies it
     /// paid): what went out after it is the difference.
     admitted_total: PerCurrency<u64>,
+    /// When it was admitted: its windows refilled from then.
+    admitted: tokio::time::Instant,
+    /// How long after its admission the provider counted it, when known better than half the
+    /// time until it settles (the HTTP gate reads it from the answer's head).
+    counted_after: Option<Duration>,
 }
 
 /// What settling changed, per currency: positive for a refund, negative for a charge.
@@ -81,7 +86,22 @@ impl<S: Store> Permit<S> {
             penalties,
             flight,
             admitted_total,
+            admitted: tokio::time::Instant::now(),
+            counted_after: None,
         }
+    }
+
+    /// How long after its admission the provider counted this call: where a sync has not
+    /// said, its settlement credits the refill its windows had alone until then (see
+    /// [`Op::Settle`]). Without it, half the time from the admission to the settlement.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn counted_after(&mut self, after: Duration) {
+        self.counted_after = Some(after);
+    }
+
+    fn counted_by_now(&self) -> Duration {
+        self.counted_after
+            .unwrap_or_else(|| self.admitted.elapsed() / 2)
     }
 
     /// What this limiter admitted after this call, per currency (in the currencies it paid).
@@ -251,6 +271,7 @@ impl<S: Store> Permit<S> {
                     charged: self.cost,
                     used,
                     last,
+                    counted_after: self.counted_by_now(),
                 };
                 match self.limiter.call_bounded(op).await? {
                     Outcome::Settled(delta) => delta,
@@ -308,6 +329,7 @@ impl<S: Store> Permit<S> {
                     charged: cost,
                     used: PerCurrency::splat(Some(0)),
                     last: true,
+                    counted_after: Duration::ZERO,
                 });
             }
             None => self.limiter.settle_in_background(Op::Adjust {
@@ -323,11 +345,13 @@ impl<S: Store> Drop for Permit<S> {
         // A call in flight that never settled keeps its estimate, and is done.
         if let Some(flight) = self.flight.take() {
             self.limiter.landed();
+            let counted_after = self.counted_by_now();
             self.limiter.settle_in_background(Op::Settle {
                 flight,
                 charged: self.cost,
                 used: PerCurrency::splat(None),
                 last: true,
+                counted_after,
             });
         }
     }

@@ -87,6 +87,7 @@ impl<S: Store> Drop for Delivery<S> {
                     charged: self.charged,
                     used: crate::rate::PerCurrency::splat(Some(0)),
                     last: true,
+                    counted_after: Duration::ZERO,
                 }
             }
             _ => return,

@@ -261,6 +261,8 @@ fn operation(rng: &mut Lcg, limits: &Limits, calls: &[Held]) -> (Op, Option<usiz
                         maybe(rng, 400),
                     ]),
                     last: rng.below(3) != 0,
+                    // Counted up to 3 s after it went out, in whole ms as the script takes it.
+                    counted_after: Duration::from_millis(rng.below(3_000)),
                 };
                 (op, Some(call))
             }

@@ -8,6 +8,7 @@
 use super::*;
 use crate::bucket::Refusal;
 use crate::bucket::flights::settlement;
+use std::time::Duration;
 
 impl KeyState {
     /// What a provider's 429 means: nothing passes before `until` (a longer pause already in
@@ -95,6 +96,16 @@ impl KeyState {
                 Some(r) if flights.find(r.flight).is_some() => r.flight,
                 _ => last.id,
             };
+            // The windows of the spent currencies now hold what the provider does: the refill a
+            // counted call that found them full would have given back is in that already.
+            let spent_windows = windows(limits)
+                .enumerate()
+                .filter(|(j, (c, _))| *j < 32 && spent.contains(*c))
+                .fold(0u32, |mask, (j, _)| mask | (1 << j));
+            let upto = flights.cover.upto;
+            for flight in flights.list.iter_mut().filter(|f| f.id <= upto) {
+                flight.full &= !spent_windows;
+            }
             for c in Currency::ALL {
                 if spent.contains(c) {
                     flights.cover.tokens[c] = emptied[c];
@@ -172,36 +183,8 @@ impl KeyState {
             .and_then(|f| f.find(args.flight).map(|i| (i, f.list[i], f.close_to(i))));
         let ambiguous = found.is_none_or(|(_, _, (_, ambiguous))| ambiguous);
         let back = args.refused.unwrap_or(crate::Currencies::NONE);
-        // A call that found a window full made it start refilling when it went out; the
-        // provider's started when it counted the call, `counted_after` later. That refill (at
-        // most the call's charge: by then the window may have been full again) is the key's
-        // alone: taken off, exactly, once. Counted as corrected, so that a later count does not
-        // find it again.
-        if let (Some((i, flight, _)), false) = (found, args.counted_after.is_zero())
-            && flight.full != 0
-        {
-            let elapsed = i128::try_from(args.counted_after.as_nanos()).unwrap_or(i128::MAX);
-            let mut credited = PerCurrency::splat(0i64);
-            let tight = PerCurrency::from_fn(|c| tightest(limits, c));
-            for (j, ((c, w), level)) in windows(limits).zip(self.real.units.iter_mut()).enumerate()
-            {
-                if j >= 32 || flight.full & (1 << j) == 0 || back.contains(c) {
-                    continue;
-                }
-                let charge = w.units_capped(flight.charged[c]);
-                let refill = i128::from(w.rate.amount()).saturating_mul(elapsed);
-                let over = refill.min(charge);
-                if tight[c] == Some(j) {
-                    credited[c] = clamp_i64(w.whole(over));
-                }
-                *level = w.clamp(*level - over);
-            }
-            if let Some(flights) = self.flights.as_deref_mut() {
-                flights.list[i].full = 0;
-                for c in Currency::ALL {
-                    flights.corrected[c] = flights.corrected[c].saturating_add(credited[c]);
-                }
-            }
+        if let Some((i, flight, _)) = found {
+            self.credit_full(limits, i, &flight, args.counted_after, back);
         }
         if args.refused.is_some() {
             // The provider refused the call and counted nothing of it in the currencies it
@@ -313,10 +296,53 @@ impl KeyState {
         }))
     }
 
+    /// A call that found a window full made it start refilling when it went out; the
+    /// provider's started when it counted the call, `counted_after` later. That refill (at most
+    /// the call's charge: by then the window may have been full again) is the key's alone:
+    /// taken off, exactly, once (by the call's sync, else its settlement), except in the
+    /// currencies `back` the provider did not count it in. Counted as corrected, so that a
+    /// later count does not find it again.
+    fn credit_full(
+        &mut self,
+        limits: &Limits,
+        index: usize,
+        flight: &crate::bucket::flights::Flight,
+        counted_after: Duration,
+        back: Currencies,
+    ) {
+        if flight.full == 0 || counted_after.is_zero() {
+            return;
+        }
+        let elapsed = i128::try_from(counted_after.as_nanos()).unwrap_or(i128::MAX);
+        let mut credited = PerCurrency::splat(0i64);
+        let tight = PerCurrency::from_fn(|c| tightest(limits, c));
+        for (j, ((c, w), level)) in windows(limits).zip(self.real.units.iter_mut()).enumerate() {
+            if j >= 32 || flight.full & (1 << j) == 0 || back.contains(c) {
+                continue;
+            }
+            let charge = w.units_capped(flight.charged[c]);
+            let over = i128::from(w.rate.amount())
+                .saturating_mul(elapsed)
+                .min(charge);
+            if tight[c] == Some(j) {
+                credited[c] = clamp_i64(w.whole(over));
+            }
+            *level = w.clamp(*level - over);
+        }
+        if let Some(flights) = self.flights.as_deref_mut() {
+            flights.list[index].full = 0;
+            for c in Currency::ALL {
+                flights.corrected[c] = flights.corrected[c].saturating_add(credited[c]);
+            }
+        }
+        self.replan();
+    }
+
     /// Settles call `flight` (charged `charged`, if the key no longer remembers it) with what
     /// it used, per currency (`None`: as charged): a refund for an overestimate; for an
     /// underestimate, a charge, less what the cover of a sync that counted the call pays
     /// (never more than that cover holds). With `last`, the call is done.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn settle(
         &mut self,
         limits: &Limits,
@@ -325,8 +351,13 @@ impl KeyState {
         charged: Cost,
         used: PerCurrency<Option<u64>>,
         last: bool,
+        counted_after: Duration,
     ) -> Outcome {
         let now = self.refilled(limits, now);
+        if let Some(i) = self.flights.as_deref().and_then(|f| f.find(flight)) {
+            let record = self.flights.as_deref().expect("found").list[i];
+            self.credit_full(limits, i, &record, counted_after, Currencies::NONE);
+        }
         let mut flights = self.flights.as_mut();
         let found = flights.as_ref().and_then(|f| f.find(flight));
         let mut was = charged.per_currency();

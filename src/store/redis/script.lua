@@ -31,7 +31,8 @@
 --   sync      flight, charged (4), remaining (4, -1: not said), foreign (4), returnable (4),
 --             margin (4), margin only where more is found (4, 0 or 1), refused (0: no; 16 +
 --             the mask of the currencies given back), counted after (ms after the call went out)
---   settle    flight, charged (4), used (4, -1: as charged), last (0 or 1)
+--   settle    flight, charged (4), used (4, -1: as charged), last (0 or 1), counted after
+--             (ms after the call went out; 0: not known)
 --
 -- Per-currency lists have NC = 4 entries, in the order requests, tokens, output tokens, spend.
 --
@@ -845,6 +846,35 @@ local function close_to(f)
   return close, ambiguous
 end
 
+-- A call that found a window full made it start refilling when it went out; the provider's
+-- started when it counted the call, `counted_after` ms later. That refill (at most the call's
+-- charge) is the key's alone: taken off, exactly, once (by the call's sync, else its
+-- settlement), except in the currencies `back` says the provider did not count it in; counted
+-- as corrected. `charges` are what the call was charged (before a refusal's record changed
+-- them). The record is written back.
+local function credit_full(f, charges, counted_after, back)
+  if f.full == 0 or counted_after <= 0 then return end
+  for i = 1, k do
+    local c = w[i].cur
+    if i <= 32 and math.floor(f.full / 2 ^ (i - 1)) % 2 == 1 and not back[c] then
+      local charge = units(i, charges[c])
+      local over = charge
+      if counted_after <= math.floor(charge / w[i].rate) then
+        over = w[i].rate * counted_after
+        if over > charge then over = charge end
+      end
+      if tightest[c] == i then
+        corrected[c] = corrected[c] + floor_div(over, w[i].scale)
+        flights_changed = true
+      end
+      levels[i] = clamp(i, levels[i] - over)
+    end
+  end
+  f.full = 0
+  redis.call('HSET', hash, 'f' .. fmt(f.id), encode_flight(f))
+  drop_shadow()
+end
+
 local function save_flights()
   if flights_gone then
     local gone = {'fn', 'ff', 'fa', 'cv'}
@@ -1147,6 +1177,26 @@ elseif op == 'penalize' then
     -- out.
     covers = fnext - 1
     if refused ~= nil then covers = refused end
+    -- The windows of the spent currencies now hold what the provider does: the refill a
+    -- counted call that found them full would have given back is in that already.
+    for id = ffirst, covers do
+      local o = read_flight(id)
+      if o ~= nil and o.full > 0 then
+        local full = o.full
+        for i = 1, k do
+          local c = w[i].cur
+          if i <= 32 and math.floor(spent / bit[c]) % 2 == 1
+              and math.floor(full / 2 ^ (i - 1)) % 2 == 1 then
+            full = full - 2 ^ (i - 1)
+          end
+        end
+        if full ~= o.full then
+          o.full = full
+          redis.call('HSET', hash, 'f' .. fmt(o.id), encode_flight(o))
+          drop_shadow()
+        end
+      end
+    end
     for c = 1, NC do
       if math.floor(spent / bit[c]) % 2 == 1 then
         cover[c] = emptied[c]
@@ -1226,29 +1276,7 @@ elseif op == 'sync' then
       redis.call('HSET', hash, 'f' .. fmt(f.id), encode_flight(f))
     end
   end
-  -- A call that found a window full made it start refilling when it went out; the provider's
-  -- started when it counted the call, `counted_after` ms later. That refill (at most the call's
-  -- charge) is the key's alone: taken off, exactly, once, and counted as corrected.
-  if f ~= nil and f.full > 0 and counted_after > 0 then
-    for i = 1, k do
-      local c = w[i].cur
-      if i <= 32 and math.floor(f.full / 2 ^ (i - 1)) % 2 == 1 and not back[c] then
-        local charge = units(i, own[c])
-        local over = charge
-        if counted_after <= math.floor(charge / w[i].rate) then
-          over = w[i].rate * counted_after
-          if over > charge then over = charge end
-        end
-        if tightest[c] == i and tracked then
-          corrected[c] = corrected[c] + floor_div(over, w[i].scale)
-          flights_changed = true
-        end
-        levels[i] = clamp(i, levels[i] - over)
-      end
-    end
-    f.full = 0
-    redis.call('HSET', hash, 'f' .. fmt(f.id), encode_flight(f))
-  end
+  if f ~= nil then credit_full(f, own, counted_after, back) end
   local above = {}
   local spent = {}
   local lowered = zeros()
@@ -1347,10 +1375,12 @@ elseif op == 'settle' then
   local charged = cost_args(args + 2, 0)
   local used = cost_args(args + 2 + NC, -1)
   local is_last = int(ARGV[args + 2 + 2 * NC], 0, 1)
-  if id == nil or charged == nil or used == nil or is_last == nil then
+  local counted_after = int(ARGV[args + 3 + 2 * NC], 0, MAX)
+  if id == nil or charged == nil or used == nil or is_last == nil or counted_after == nil then
     return fail('bad settlement')
   end
   local f = read_flight(id)
+  if f ~= nil then credit_full(f, copy(f.charged), counted_after, {false, false, false, false}) end
   local was = charged
   local coverable = false
   if f ~= nil then

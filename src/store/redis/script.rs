@@ -166,11 +166,13 @@ pub(super) fn op_args(op: &Op) -> (&'static str, Vec<i64>) {
             charged,
             used,
             last,
+            counted_after,
         } => {
             let mut args = vec![amount(flight)];
             args.extend(charged.per_currency().map(amount).values());
             args.extend(used.map(maybe).values());
             args.push(flag(last));
+            args.push(ms_floor(counted_after).min(MAX_EXACT));
             ("settle", args)
         }
         Op::Snapshot => ("snapshot", Vec::new()),
