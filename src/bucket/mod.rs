@@ -336,6 +336,11 @@ pub struct SyncArgs {
     /// provider's (it was full, or counting, from later on): the comparison credits it to the
     /// key's level before reading the count against it.
     pub counted_after: Duration,
+    /// With `Some`, the call is then settled as done, in the same step, with what it used per
+    /// currency (`None`: as charged), as [`Op::Settle`](crate::store::Op::Settle) would: a
+    /// whole answer read at once costs the store one round trip instead of two. What it
+    /// settled is [`Synced::settled`].
+    pub settle: Option<PerCurrency<Option<u64>>>,
 }
 
 /// The call a provider's 429 refused, when the provider said when it would pass
@@ -397,6 +402,9 @@ pub struct Synced {
     pub lowered: PerCurrency<u64>,
     /// Whole tokens of the model's earlier charges given back.
     pub returned: PerCurrency<u64>,
+    /// What settling the call changed, where the sync settled it too
+    /// ([`SyncArgs::settle`]): positive for a refund, negative for a charge.
+    pub settled: Option<PerCurrency<i64>>,
 }
 
 impl SyncArgs {

@@ -192,7 +192,23 @@ impl KeyState {
                 currency,
                 remaining,
             } => Ok(self.lower(limits, now, currency, remaining)),
-            Op::Sync(args) => Ok(self.sync(limits, now, &args)),
+            Op::Sync(args) => {
+                let mut outcome = self.sync(limits, now, &args);
+                if let (Some(used), Outcome::Synced(synced)) = (args.settle, &mut outcome)
+                    && let Outcome::Settled(delta) = self.settle(
+                        limits,
+                        now,
+                        args.flight,
+                        args.charged,
+                        used,
+                        true,
+                        args.counted_after,
+                    )
+                {
+                    synced.settled = Some(delta);
+                }
+                Ok(outcome)
+            }
             Op::Settle {
                 flight,
                 charged,

@@ -211,6 +211,10 @@ impl Attempts {
         B::Data: Into<Bytes>,
     {
         if status != StatusCode::TOO_MANY_REQUESTS {
+            let stream = is_event_stream(headers) || call.is_stream();
+            if !stream {
+                call.whole_answer();
+            }
             call.respond(status, headers, None).await;
             for permit in self.extras.drain(..) {
                 call.attach(permit);
@@ -218,7 +222,6 @@ impl Attempts {
             if let Some(told) = self.on_settled.take() {
                 call.on_settled(told);
             }
-            let stream = is_event_stream(headers) || call.is_stream();
             return Ok(Next::Deliver(Box::new(MeteredBody::new(
                 body, call, stream,
             ))));

@@ -17,7 +17,7 @@ use super::keys::GateKey;
 use super::usage::Reported;
 use super::verdict::Verdict;
 use super::verdict::{error_detail, spent};
-use crate::bucket::{Refusal, SyncArgs};
+use crate::bucket::{Refusal, SyncArgs, Synced};
 use crate::{Cost, Currency, Error, Limiter, Permit, Usage};
 
 /// One request on its way: admitted, and waiting for its response.
@@ -65,6 +65,11 @@ pub struct Call {
     /// The provider answered with an error (a 4xx other than 429, or a 5xx): it bills no
     /// tokens for it.
     errored: bool,
+    /// The header sync of a whole (not streamed) answer, put off until the call settles, so
+    /// that both take one step of the store (one round trip to Redis, not two).
+    pending_sync: Option<SyncArgs>,
+    /// Its answer will be read whole and settled at once ([`Call::whole_answer`]).
+    whole: bool,
 }
 
 /// Told how a call settled (see [`Call::on_settled`]).
@@ -111,6 +116,16 @@ impl Drop for Call {
             charged,
             ..Settlement::default()
         });
+        // A whole answer whose body never settled: its sync goes on in the background, and
+        // settles the call as charged.
+        if let (Some(sync), Some(permit)) = (self.pending_sync.take(), self.permit.take()) {
+            let sent = self.sent.unwrap_or_else(Instant::now);
+            self.state.elsewhere.restore(sent, sync.returnable);
+            permit.sync_in_background(SyncArgs {
+                returnable: crate::rate::PerCurrency::default(),
+                ..sync
+            });
+        }
         if self.sent.is_none() {
             if let Some(permit) = self.permit.take() {
                 permit.give_back();
@@ -156,7 +171,18 @@ impl Call {
             on_settled: None,
             cut: false,
             errored: false,
+            pending_sync: None,
+            whole: false,
         }
+    }
+
+    /// Says that the answer's body will be read whole and the call [`finish`](Call::finish)ed
+    /// at once (an answer that is not a stream): [`respond`](Call::respond) then leaves its
+    /// header sync for the settlement, and both take one step of the store (one round trip
+    /// to Redis instead of two). The tower layer and the proxy do this for every answer that
+    /// is not an event stream. A call dropped before it finishes syncs in the background.
+    pub fn whole_answer(&mut self) {
+        self.whole = true;
     }
 
     /// Calls `told` once, when the call settles (or is dropped without settling), with what
@@ -343,16 +369,26 @@ impl Call {
             if let Some(permit) = self.permit.as_mut() {
                 permit.counted_after(counted);
             }
-            match self.sync(&limiter, &read, refused, counted).await {
-                // The call is done: the sync read the provider's count without it where the
-                // provider's rules say it counted nothing of it.
-                Ok(()) if refused => {
-                    if let Some(permit) = self.permit.as_mut() {
-                        permit.refused();
+            // A whole answer's body follows its head at once: its sync waits for the call's
+            // settlement, and goes with it.
+            let whole = self.whole
+                && !refused
+                && !self.stream
+                && self.permit.as_ref().is_some_and(|p| p.flight().is_some());
+            match self.sync_args(&limiter, &read, refused, counted) {
+                Some(args) if whole => self.pending_sync = Some(args),
+                Some(args) => match self.sync(&limiter, args).await {
+                    // The call is done: the sync read the provider's count without it where the
+                    // provider's rules say it counted nothing of it.
+                    Ok(()) if refused => {
+                        if let Some(permit) = self.permit.as_mut() {
+                            permit.refused();
+                        }
                     }
-                }
-                Ok(()) => {}
-                Err(err) => self.failed("the header sync", &err),
+                    Ok(()) => {}
+                    Err(err) => self.failed("the header sync", &err),
+                },
+                None => {}
             }
         }
         // The provider has answered: the calls waiting for this one's answer go on.
@@ -442,13 +478,14 @@ impl Call {
         tracing::warn!(key = %self.state.key, error = %err, "{what} failed after the provider answered; the answer stands");
     }
 
-    async fn sync(
+    /// The header sync of this call's answer, or `None` where there is nothing to sync.
+    fn sync_args(
         &self,
         limiter: &Limiter,
         read: &[RateHeader],
         refused: bool,
         counted: Duration,
-    ) -> Result<(), Error> {
+    ) -> Option<SyncArgs> {
         let gate = &self.gate.inner;
         let limits = limiter.limits();
         let model = gate.sync && gate.foreign;
@@ -508,18 +545,40 @@ impl Call {
             && args.foreign == crate::rate::PerCurrency::default();
         if nothing && !(refused && args.flight > 0) {
             self.state.elsewhere.restore(sent, args.returnable);
-            return Ok(());
+            return None;
         }
-        let synced = match limiter.sync(args).await {
-            Ok(synced) => synced,
-            Err(err) => {
-                self.state.elsewhere.restore(sent, args.returnable);
-                return Err(err);
+        Some(args)
+    }
+
+    /// Runs the header sync `args` on the store.
+    async fn sync(&self, limiter: &Limiter, args: SyncArgs) -> Result<(), Error> {
+        match limiter.sync(args).await {
+            Ok(synced) => {
+                self.synced(limiter, &args, &synced);
+                Ok(())
             }
-        };
-        if !model {
-            return Ok(());
+            Err(err) => {
+                self.sync_failed(&args);
+                Err(err)
+            }
         }
+    }
+
+    /// A sync that did not happen: what the model of spending elsewhere could have given
+    /// back stays its own.
+    fn sync_failed(&self, args: &SyncArgs) {
+        let sent = self.sent.unwrap_or_else(Instant::now);
+        self.state.elsewhere.restore(sent, args.returnable);
+    }
+
+    /// After the sync `args`: the model of spending elsewhere learns what it found.
+    fn synced(&self, limiter: &Limiter, args: &SyncArgs, synced: &Synced) {
+        let gate = &self.gate.inner;
+        let limits = limiter.limits();
+        if !(gate.sync && gate.foreign) {
+            return;
+        }
+        let sent = self.sent.unwrap_or_else(Instant::now);
         for currency in Currency::ALL {
             let i = currency;
             let compared = synced.spent[i].is_some();
@@ -556,7 +615,6 @@ impl Call {
                     .set(self.state.elsewhere.rate_of(currency));
             }
         }
-        Ok(())
     }
 
     /// Settles the input a stream reported at its start (Anthropic's `message_start`) while
@@ -625,7 +683,23 @@ impl Call {
             let (usage, cut) = self.clamped(&reported, permit.limiter());
             clamped = cut;
             usage_settled = Some(usage);
-            settled = permit.settle_usage(usage).await.map(|_| usage);
+            settled = match self.pending_sync.take() {
+                // The answer's sync and the settlement, in one step of the store.
+                Some(sync) => {
+                    let limiter = permit.limiter().clone();
+                    match permit.sync_and_settle(sync, usage).await {
+                        Ok((synced, _)) => {
+                            self.synced(&limiter, &sync, &synced);
+                            Ok(usage)
+                        }
+                        Err(err) => {
+                            self.sync_failed(&sync);
+                            Err(err)
+                        }
+                    }
+                }
+                None => permit.settle_usage(usage).await.map(|_| usage),
+            };
         }
         for permit in extras {
             let (usage, _) = self.clamped(&reported, permit.limiter());

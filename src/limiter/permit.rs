@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use super::Limiter;
 use crate::bucket::flights::settlement;
+use crate::bucket::{SyncArgs, Synced};
 use crate::cost::{Cost, Usage};
 use crate::error::Error;
 use crate::rate::{Currency, PerCurrency};
@@ -252,7 +253,39 @@ impl<S: Store> Permit<S> {
         self.settle_now(usage, false).await
     }
 
-    async fn settle_now(&mut self, usage: Usage, last: bool) -> Result<Settled, Error> {
+    /// Settles the call as done with `usage` in the same store step as `sync`, the header
+    /// sync of its answer (one round trip to a remote store instead of two): answers what the
+    /// sync found, and what settling changed. A permit that is not a call in flight syncs,
+    /// then settles, apart.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) async fn sync_and_settle(
+        mut self,
+        sync: SyncArgs,
+        usage: Usage,
+    ) -> Result<(Synced, Settled), Error> {
+        let Some(flight) = self.flight else {
+            let synced = self.limiter.sync(sync).await?;
+            let settled = self.settle_now(usage, true).await?;
+            return Ok((synced, settled));
+        };
+        let used = self.used(usage);
+        self.flight = None;
+        self.limiter.landed();
+        let sync = SyncArgs {
+            flight,
+            charged: self.cost,
+            settle: Some(used),
+            ..sync
+        };
+        let mut synced = self.limiter.sync(sync).await?;
+        let Some(delta) = synced.settled.take() else {
+            return Err(super::unexpected(&Outcome::Synced(Box::new(synced))));
+        };
+        Ok((synced, self.settled(used, delta)))
+    }
+
+    /// `usage` per currency, left out (as charged) where the limits have no window.
+    fn used(&self, usage: Usage) -> PerCurrency<Option<u64>> {
         let limits = self.limiter.limits();
         let mut used = usage.per_currency();
         for c in Currency::ALL {
@@ -260,6 +293,11 @@ impl<S: Store> Permit<S> {
                 used[c] = None;
             }
         }
+        used
+    }
+
+    async fn settle_now(&mut self, usage: Usage, last: bool) -> Result<Settled, Error> {
+        let used = self.used(usage);
         let delta = match self.flight {
             Some(flight) => {
                 if last {
@@ -293,6 +331,12 @@ impl<S: Store> Permit<S> {
                 delta
             }
         };
+        Ok(self.settled(used, delta))
+    }
+
+    /// After settling `used` with `delta` (what changed): the permit's cost is what was used,
+    /// and the meters count it.
+    fn settled(&mut self, used: PerCurrency<Option<u64>>, delta: PerCurrency<i64>) -> Settled {
         let mut cost = self.cost.per_currency();
         for c in Currency::ALL {
             if let Some(used) = used[c] {
@@ -311,11 +355,28 @@ impl<S: Store> Permit<S> {
         if delta.iter().any(|(_, d)| *d > 0) {
             self.limiter.refunded();
         }
-        Ok(settled)
+        settled
     }
 }
 
 impl<S: Store> Permit<S> {
+    /// The header sync `sync` of the call's answer, and its settlement as charged, in one
+    /// step, in the background (a call dropped before its whole answer was read).
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn sync_in_background(mut self, sync: SyncArgs) {
+        let Some(flight) = self.flight.take() else {
+            return;
+        };
+        self.limiter.landed();
+        self.limiter
+            .settle_in_background(Op::Sync(Box::new(SyncArgs {
+                flight,
+                charged: self.cost,
+                settle: Some(PerCurrency::splat(None)),
+                ..sync
+            })));
+    }
+
     /// The call never went out: everything it was charged comes back (and, in flight, it is
     /// done). In the background, on a remote store.
     #[cfg_attr(not(feature = "http"), allow(dead_code))]

@@ -247,6 +247,15 @@ fn operation(rng: &mut Lcg, limits: &Limits, calls: &[Held]) -> (Op, Option<usiz
                 }
                 back
             });
+            // A whole answer's sync settles its call in the same step.
+            if args.refused.is_none() && rng.below(3) == 0 {
+                args.settle = Some(PerCurrency::from([
+                    maybe(rng, 5),
+                    maybe(rng, 400),
+                    maybe(rng, 400),
+                    maybe(rng, 400),
+                ]));
+            }
             (Op::Sync(Box::new(args)), call)
         }
         83..=92 => match flying {
@@ -413,6 +422,12 @@ async fn sequence(
             Outcome::Lost => "lost",
             Outcome::Emptied(e) if e.values().iter().any(|t| *t > 0) => "emptied",
             Outcome::Lowered(t) if *t > 0 => "lowered",
+            Outcome::Synced(s)
+                if s.settled
+                    .is_some_and(|d| d.values().iter().any(|t| *t != 0)) =>
+            {
+                "synced and settled"
+            }
             Outcome::Synced(s) if s.lowered.values().iter().any(|t| *t > 0) => "synced, took off",
             Outcome::Synced(s) if s.returned.values().iter().any(|t| *t > 0) => "synced, gave back",
             Outcome::Synced(s) if s.spent.values().iter().all(Option::is_none) => "synced, unknown",
@@ -494,6 +509,7 @@ fn the_script_answers_every_operation_exactly_as_the_rule_book() {
                 "synced, took off",
                 "synced, gave back",
                 "synced, unknown",
+                "synced and settled",
                 "settled, charged",
                 "settled, refunded",
             ] {

@@ -12,6 +12,8 @@ mod macro_on_redis;
 mod processes;
 #[cfg(feature = "http")]
 mod queue;
+#[cfg(feature = "http")]
+mod round_trips;
 mod sentinel;
 mod store;
 mod support;

@@ -293,6 +293,7 @@ impl KeyState {
             since: std::time::Duration::from_nanos(since),
             lowered,
             returned,
+            settled: None,
         }))
     }
 

@@ -31,6 +31,7 @@
 --   sync      flight, charged (4), remaining (4, -1: not said), foreign (4), returnable (4),
 --             margin (4), margin only where more is found (4, 0 or 1), refused (0: no; 16 +
 --             the mask of the currencies given back), counted after (ms after the call went out)
+--             and then, to settle the call as done in the same step: 1, used (4, -1: as charged)
 --   settle    flight, charged (4), used (4, -1: as charged), last (0 or 1), counted after
 --             (ms after the call went out; 0: not known)
 --
@@ -875,6 +876,50 @@ local function credit_full(f, charges, counted_after, back)
   drop_shadow()
 end
 
+-- Settles call `id` (charged `charged`, if the key no longer remembers it) with what it used
+-- (-1: as charged), per currency; with `is_last` it is done. Answers what changed (positive: a
+-- refund). The settle operation, and a sync that settles the call in the same step.
+local function settle_flight(id, charged, used, is_last, counted_after)
+  local f = read_flight(id)
+  if f ~= nil then credit_full(f, copy(f.charged), counted_after, {false, false, false, false}) end
+  local was = charged
+  local coverable = false
+  if f ~= nil then
+    was = f.charged
+    coverable = f.id <= covers
+  end
+  local delta = zeros()
+  for c = 1, NC do
+    if used[c] >= 0 and has[c] then
+      local difference = was[c] - used[c]
+      if difference >= 0 then
+        delta[c] = difference
+      else
+        local shortfall = -difference
+        local covered = 0
+        if coverable then
+          covered = shortfall
+          if cover[c] < covered then covered = cover[c] end
+          cover[c] = cover[c] - covered
+          flights_changed = true
+        end
+        delta[c] = -(shortfall - covered)
+      end
+      if f ~= nil then f.charged[c] = used[c] end
+    end
+  end
+  if f ~= nil then
+    if is_last == 1 then f.done = true end
+    redis.call('HSET', hash, 'f' .. fmt(f.id), encode_flight(f))
+    if is_last == 1 then
+      prune()
+      if ffirst >= fnext then flights_gone = true end
+    end
+  end
+  apply(delta)
+  return delta
+end
+
 local function save_flights()
   if flights_gone then
     local gone = {'fn', 'ff', 'fa', 'cv'}
@@ -1247,6 +1292,14 @@ elseif op == 'sync' then
     or margin == nil or if_more == nil or refused == nil or counted_after == nil then
     return fail('bad sync')
   end
+  -- Then, optionally, the call's settlement as done in the same step: 1 and what it used (4,
+  -- -1: as charged).
+  local then_used = nil
+  if ARGV[args + 4 + 6 * NC] ~= nil then
+    if int(ARGV[args + 4 + 6 * NC], 1, 1) == nil then return fail('bad sync') end
+    then_used = cost_args(args + 5 + 6 * NC, -1)
+    if then_used == nil then return fail('bad sync') end
+  end
   for c = 1, NC do
     if if_more[c] > 1 then return fail('bad sync') end
   end
@@ -1353,6 +1406,8 @@ elseif op == 'sync' then
     prune()
     if ffirst >= fnext then flights_gone = true end
   end
+  local settled = nil
+  if then_used ~= nil then settled = settle_flight(id, charged, then_used, 1, counted_after) end
   drop_shadow()
   store()
   local reply = {'synced'}
@@ -1369,6 +1424,9 @@ elseif op == 'sync' then
   for c = 1, NC do table.insert(reply, lowered[c]) end
   for c = 1, NC do table.insert(reply, returned[c]) end
   table.insert(reply, now)
+  if settled ~= nil then
+    for c = 1, NC do table.insert(reply, settled[c]) end
+  end
   return reply
 elseif op == 'settle' then
   local id = int(ARGV[args + 1], 0, MAX)
@@ -1379,43 +1437,7 @@ elseif op == 'settle' then
   if id == nil or charged == nil or used == nil or is_last == nil or counted_after == nil then
     return fail('bad settlement')
   end
-  local f = read_flight(id)
-  if f ~= nil then credit_full(f, copy(f.charged), counted_after, {false, false, false, false}) end
-  local was = charged
-  local coverable = false
-  if f ~= nil then
-    was = f.charged
-    coverable = f.id <= covers
-  end
-  local delta = zeros()
-  for c = 1, NC do
-    if used[c] >= 0 and has[c] then
-      local difference = was[c] - used[c]
-      if difference >= 0 then
-        delta[c] = difference
-      else
-        local shortfall = -difference
-        local covered = 0
-        if coverable then
-          covered = shortfall
-          if cover[c] < covered then covered = cover[c] end
-          cover[c] = cover[c] - covered
-          flights_changed = true
-        end
-        delta[c] = -(shortfall - covered)
-      end
-      if f ~= nil then f.charged[c] = used[c] end
-    end
-  end
-  if f ~= nil then
-    if is_last == 1 then f.done = true end
-    redis.call('HSET', hash, 'f' .. fmt(f.id), encode_flight(f))
-    if is_last == 1 then
-      prune()
-      if ffirst >= fnext then flights_gone = true end
-    end
-  end
-  apply(delta)
+  local delta = settle_flight(id, charged, used, is_last, counted_after)
   store()
   return {'settled', delta[1], delta[2], delta[3], delta[4], now}
 elseif op == 'snapshot' then

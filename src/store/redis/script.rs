@@ -159,6 +159,10 @@ pub(super) fn op_args(op: &Op) -> (&'static str, Vec<i64>) {
             // 16 says "refused"; the bits below it, the currencies given back.
             args.push(sync.refused.map_or(0, |back| 16 + i64::from(back.bits())));
             args.push(ms_floor(sync.counted_after).min(MAX_EXACT));
+            if let Some(used) = sync.settle {
+                args.push(1);
+                args.extend(used.map(maybe).values());
+            }
             ("sync", args)
         }
         Op::Settle {
@@ -325,6 +329,11 @@ pub(super) fn parse_reply(value: Value) -> Option<Reply> {
                 since: std::time::Duration::from_millis(uint(10)?),
                 lowered: PerCurrency::from([uint(11)?, uint(12)?, uint(13)?, uint(14)?]),
                 returned: PerCurrency::from([uint(15)?, uint(16)?, uint(17)?, uint(18)?]),
+                settled: match items.len() {
+                    20 => None,
+                    24 => Some(PerCurrency::from([int(20)?, int(21)?, int(22)?, int(23)?])),
+                    _ => return None,
+                },
             };
             Reply::Synced {
                 synced,
