@@ -403,12 +403,11 @@ async fn anthropics_spent_quota_is_the_sdks_rate_limit_error_and_is_not_retried(
 /// stand-in that allows 60 requests and 20,000 tokens per 10 s, the proxy set to the same.
 /// The one test here that takes real time (about 15 s). It runs alone, in a step of its own
 /// (`cargo test --workspace --test proxy -- --ignored clients::eighty`, which `.ci/run`
-/// runs): beside the other proxy tests on two cores, the proxy's sends and the stand-in's
-/// arrivals drift apart by the scheduler's delays, and a cold CI run once saw 7 429s where
-/// it saw 0 alone in five runs (the sync credits refill from when a call was sent, the
-/// stand-in counts it on arrival). Alone it is still flaky: on 2026-12-03, 4 of 23 runs let
-/// 11 to 16 429s through and the rest none, at that day's code and the code before it alike;
-/// the cause is open, and `.ci/run` runs a failure once more.
+/// runs once): beside the other proxy tests on two cores, the proxy's sends and the
+/// stand-in's arrivals drift apart by the scheduler's delays. It was flaky until issue 30 (1
+/// run in 5 let 11 to 16 429s through: a 429 cascaded, each pause ending into a window the
+/// stand-in's counted refusals had spent); the limiter now brings its windows to the
+/// provider's after a 429 and credits refill from when the provider counted a call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "takes real time and runs alone: cargo test --workspace --test proxy -- --ignored clients::eighty"]
 async fn eighty_calls_at_once_from_the_python_sdk_stay_inside_the_quota() {
