@@ -187,12 +187,20 @@ impl KeyState {
                 pause,
                 spent,
                 refusal,
-            } => Ok(self.penalize(limits, now, now.plus(pause), spent, refusal.as_ref())),
+            } => {
+                let refusal = refusal.map(|r| Refusal {
+                    hint: whole_ms(r.hint),
+                    ..r
+                });
+                let until = now.plus(whole_ms(pause));
+                Ok(self.penalize(limits, now, until, spent, refusal.as_ref()))
+            }
             Op::Lower {
                 currency,
                 remaining,
             } => Ok(self.lower(limits, now, currency, remaining)),
-            Op::Sync(args) => {
+            Op::Sync(mut args) => {
+                args.counted_after = whole_ms(args.counted_after);
                 let mut outcome = self.sync(limits, now, &args);
                 if let (Some(used), Outcome::Synced(synced)) = (args.settle, &mut outcome)
                     && let Outcome::Settled(delta) = self.settle(
@@ -215,9 +223,25 @@ impl KeyState {
                 used,
                 last,
                 counted_after,
-            } => Ok(self.settle(limits, now, flight, charged, used, last, counted_after)),
+            } => Ok(self.settle(
+                limits,
+                now,
+                flight,
+                charged,
+                used,
+                last,
+                whole_ms(counted_after),
+            )),
             Op::Snapshot => Ok(Outcome::Snapshot(self.snapshot(limits, now))),
             Op::Ping => Ok(Outcome::Done),
         }
     }
+}
+
+/// `d` in whole milliseconds, rounded up: the store's grain for a pause, a provider's hint and
+/// when a provider counted a call (Redis's script takes milliseconds). Up is the cautious side
+/// for each: a longer pause, a refill credited to the key from later, a window lowered more.
+fn whole_ms(d: Duration) -> Duration {
+    let ms = d.as_nanos().div_ceil(1_000_000);
+    Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
 }

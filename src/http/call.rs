@@ -441,7 +441,8 @@ impl Call {
         let refusal = pause.and_then(|hint| refused_call.map(|r| Refusal { hint, ..r }));
         let base = pause.unwrap_or_else(|| gate.backoff.base());
         self.warn_if_retried_inside(pause);
-        match limiter.refused(base, spent, refusal).await {
+        let number = self.permit.as_ref().map_or(0, Permit::number);
+        match limiter.refused(base, spent, refusal, number).await {
             Ok(paused) => Verdict::Transient {
                 pause: Some(paused),
             },

@@ -223,6 +223,8 @@ impl<S: Store> LimiterBuilder<S> {
                 cover: std::sync::Mutex::default(),
                 unsettled: AtomicUsize::new(0),
                 strikes: std::sync::atomic::AtomicU32::new(0),
+                strike_mark: std::sync::atomic::AtomicU64::new(0),
+                admissions: std::sync::atomic::AtomicU64::new(0),
                 admitted_total: crate::rate::PerCurrency::from_fn(|_| {
                     std::sync::atomic::AtomicU64::new(0)
                 }),

@@ -83,6 +83,12 @@ struct Inner<S: Store> {
     /// The provider's 429s on this key in a row, in this process, since an answer that was not
     /// one: each one's pause is longer (see [`Limiter::refused`]).
     strikes: std::sync::atomic::AtomicU32,
+    /// How many calls this limiter admitted, when the last strike was counted: a refused call
+    /// admitted before it was refused in the same episode (calls in flight together, counted
+    /// by the same refusal), and adds no strike.
+    strike_mark: std::sync::atomic::AtomicU64,
+    /// How many calls this limiter admitted: each permit's number.
+    admissions: std::sync::atomic::AtomicU64,
     /// What this limiter admitted since it was made, per currency: a refused call's permit
     /// reads what went out after it from the difference.
     admitted_total: PerCurrency<std::sync::atomic::AtomicU64>,
@@ -366,7 +372,8 @@ impl<S: Store> Limiter<S> {
                     .wrapping_add(*amount);
             }
         }
-        Permit::new(self.clone(), cost, waited, penalties, flight, total)
+        let number = self.inner.admissions.fetch_add(1, Ordering::AcqRel) + 1;
+        Permit::new(self.clone(), cost, waited, penalties, flight, total).numbered(number)
     }
 
     /// Admits `cost` now if every window can pay for it (on top of every call waiting), without

@@ -54,6 +54,8 @@ pub struct Permit<S: Store = AnyStore> {
     admitted_total: PerCurrency<u64>,
     /// When it was admitted: its windows refilled from then.
     admitted: tokio::time::Instant,
+    /// Its number among the limiter's admissions (0: not numbered).
+    number: u64,
     /// How long after its admission the provider counted it, when known better than half the
     /// time until it settles (the HTTP gate reads it from the answer's head).
     counted_after: Option<Duration>,
@@ -89,7 +91,20 @@ impl<S: Store> Permit<S> {
             admitted_total,
             admitted: tokio::time::Instant::now(),
             counted_after: None,
+            number: 0,
         }
+    }
+
+    /// The same permit, numbered `number` among its limiter's admissions.
+    pub(crate) fn numbered(mut self, number: u64) -> Permit<S> {
+        self.number = number;
+        self
+    }
+
+    /// Its number among its limiter's admissions (see [`Limiter::refused`]).
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn number(&self) -> u64 {
+        self.number
     }
 
     /// How long after its admission the provider counted this call: where a sync has not
@@ -160,6 +175,7 @@ impl<S: Store> Permit<S> {
                 retry_after.unwrap_or(UNSAID_PAUSE),
                 crate::Currencies::PROVIDER,
                 refusal,
+                self.number,
             )
             .await
     }

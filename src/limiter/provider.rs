@@ -65,17 +65,34 @@ impl<S: Store> Limiter<S> {
     /// The pause is `base` (the provider's own, where it gave one) for the first 429 in a row
     /// on this key in this process; each further one before an answer that is not a 429
     /// ([`answered`](Limiter::answered)) doubles it, with jitter (0.8 to 1.2 of it, never below
-    /// `base`), up to a minute (or `base`, if longer). Consecutive 429s mean the key's
-    /// picture of the provider is wrong in a way its counts can't fix (another program
-    /// spending, a provider slower to refill than it says): growing pauses bound what that
-    /// costs.
+    /// `base`), up to a minute (or `base`, if longer). A base of nothing (`retry-after: 0`)
+    /// grows from the limiter's backoff base instead. Consecutive 429s mean the key's picture
+    /// of the provider is wrong in a way its counts can't fix (another program spending, a
+    /// provider slower to refill than it says): growing pauses bound what that costs.
+    ///
+    /// A strike is an episode, not an answer: the refusal of a call admitted (permit `number`)
+    /// before the last strike was counted belongs to it (calls in flight together, refused
+    /// together, are one mistake the first refusal corrected), and pauses as long as it did.
     pub(crate) async fn refused(
         &self,
         base: Duration,
         spent: Currencies,
         refusal: Option<crate::store::Refusal>,
+        number: u64,
     ) -> Result<Duration, Error> {
-        let strikes = self.inner.strikes.fetch_add(1, Ordering::AcqRel);
+        let same_episode = number > 0 && number <= self.inner.strike_mark.load(Ordering::Acquire);
+        let strikes = if same_episode {
+            self.inner.strikes.load(Ordering::Acquire).saturating_sub(1)
+        } else {
+            let admitted = self.inner.admissions.load(Ordering::Acquire);
+            self.inner.strike_mark.fetch_max(admitted, Ordering::AcqRel);
+            self.inner.strikes.fetch_add(1, Ordering::AcqRel)
+        };
+        let base = if strikes > 0 {
+            base.max(self.policy().backoff().base())
+        } else {
+            base
+        };
         let pause = backed_off(base, strikes, rand::Rng::random::<f64>(&mut rand::rng()));
         self.penalty(pause, spent, refusal).await?;
         Ok(pause)

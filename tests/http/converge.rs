@@ -513,6 +513,90 @@ async fn consecutive_429s_back_off_exponentially_with_jitter_and_reset_on_an_ans
     assert!(seen.len() > 10, "{seen:?}");
 }
 
+/// The answer of a call on `gate` refused with `headers`: its pause.
+async fn refused_pause(call: &mut tollgate::http::Call, headers: &HeaderMap) -> Duration {
+    match call
+        .respond(StatusCode::TOO_MANY_REQUESTS, headers, None)
+        .await
+    {
+        tollgate::http::Verdict::Transient { pause: Some(pause) } => pause,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A provider that says "retry now" (`retry-after-ms: 0`) 429 after 429 still meets growing
+/// pauses: from the limiter's backoff base (5 ms by default), doubled each time with jitter.
+/// Before, every pause was the hint, nothing, and the key was never paused.
+#[tokio::test(start_paused = true)]
+async fn repeated_429s_that_say_retry_now_back_off_from_the_backoff_base() {
+    let registry = Arc::new(Registry::new(MemoryStore::on_tokio_clock()));
+    let gate = gate_on(
+        &registry,
+        Profile::openai(),
+        Limits::parse("100000/d", "").unwrap(),
+    );
+    let mut headers = HeaderMap::new();
+    headers.insert("retry-after-ms", 0.into());
+    let body = crate::chat(10, 5).to_string();
+    let mut pauses = Vec::new();
+    for _ in 0..5 {
+        let mut call = gate.admit(&crate::parts(), body.as_bytes()).await.unwrap();
+        call.sending();
+        let pause = refused_pause(&mut call, &headers).await;
+        tokio::time::sleep(pause).await;
+        pauses.push(pause.as_micros());
+    }
+    assert_eq!(pauses[0], 0, "{pauses:?}");
+    for (n, pause) in pauses.iter().enumerate().skip(1) {
+        // 5 ms · 2^n, give or take a fifth.
+        let middle = 5_000u128 << n;
+        assert!(
+            (middle * 4 / 5..=middle * 6 / 5).contains(pause),
+            "{pauses:?}"
+        );
+    }
+}
+
+/// Calls in flight together and refused together are one strike, not six: each pauses the
+/// provider's hint (the first refusal corrected the windows; the rest add nothing to learn),
+/// and the next call waits that second, not the 28 s six strikes in a row made it. A call
+/// admitted after them and refused again is the second strike.
+#[tokio::test(start_paused = true)]
+async fn calls_refused_together_are_one_strike() {
+    let registry = Arc::new(Registry::new(MemoryStore::on_tokio_clock()));
+    // A request window that refills fast: the five refused after the first leave it five
+    // requests in debt (OpenAI counts a refused request), 3 ms of refill.
+    let gate = gate_on(
+        &registry,
+        Profile::openai(),
+        Limits::parse("100000/m", "").unwrap(),
+    );
+    let mut headers = HeaderMap::new();
+    headers.insert("retry-after-ms", 1_000.into());
+    let body = crate::chat(10, 5).to_string();
+    let mut calls = Vec::new();
+    for _ in 0..6 {
+        let mut call = gate.admit(&crate::parts(), body.as_bytes()).await.unwrap();
+        call.sending();
+        calls.push(call);
+    }
+    let mut pauses = Vec::new();
+    for call in &mut calls {
+        pauses.push(refused_pause(call, &headers).await);
+    }
+    assert_eq!(pauses, vec![Duration::from_secs(1); 6]);
+    let start = tokio::time::Instant::now();
+    let mut next = gate.admit(&crate::parts(), body.as_bytes()).await.unwrap();
+    // The pause, then the five refused requests' debt: 5 at 100,000 a minute, 3 ms.
+    assert_eq!(start.elapsed(), Duration::from_millis(1_003));
+    next.sending();
+    let second = refused_pause(&mut next, &headers).await;
+    assert!(
+        (Duration::from_millis(1_600)..=Duration::from_millis(2_400)).contains(&second),
+        "{second:?}"
+    );
+}
+
 /// A 429 that says nothing (no headers, no body) never raises a window, on either profile, even
 /// one in debt: the refused call's charge stays (before, it came back and lifted a window in
 /// debt towards zero).

@@ -201,14 +201,14 @@ fn operation(rng: &mut Lcg, limits: &Limits, calls: &[Held]) -> (Op, Option<usiz
                     rng.below(300),
                 ]);
                 Refusal::new(
-                    Duration::from_millis(rng.below(3_000)),
+                    Duration::from_micros(rng.below(3_000_000)),
                     cost(rng, limits),
                     later,
                 )
                 .of_flight(flight)
             });
             let op = Op::Penalize {
-                pause: Duration::from_millis(rng.below(3_000)),
+                pause: Duration::from_micros(rng.below(3_000_000)),
                 spent,
                 refusal,
             };
@@ -236,8 +236,9 @@ fn operation(rng: &mut Lcg, limits: &Limits, calls: &[Held]) -> (Op, Option<usiz
                 args.margin[i] = if rng.below(2) == 0 { rng.below(40) } else { 0 };
                 args.margin_if_above[i] = rng.below(2) == 0;
             }
-            // Counted up to 3 s after the call went out, in whole ms as the script takes it.
-            args.counted_after = Duration::from_millis(rng.below(3_000));
+            // Counted up to 3 s after the call went out, to the microsecond: both round it up
+            // to the millisecond.
+            args.counted_after = Duration::from_micros(rng.below(3_000_000));
             args.refused = (rng.below(6) == 0).then(|| {
                 let mut back = tollgate::Currencies::NONE;
                 for currency in tollgate::Currency::ALL {
@@ -270,8 +271,8 @@ fn operation(rng: &mut Lcg, limits: &Limits, calls: &[Held]) -> (Op, Option<usiz
                         maybe(rng, 400),
                     ]),
                     last: rng.below(3) != 0,
-                    // Counted up to 3 s after it went out, in whole ms as the script takes it.
-                    counted_after: Duration::from_millis(rng.below(3_000)),
+                    // Counted up to 3 s after it went out, to the microsecond.
+                    counted_after: Duration::from_micros(rng.below(3_000_000)),
                 };
                 (op, Some(call))
             }
