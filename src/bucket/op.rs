@@ -200,7 +200,7 @@ impl KeyState {
                 remaining,
             } => Ok(self.lower(limits, now, currency, remaining)),
             Op::Sync(mut args) => {
-                args.counted_after = whole_ms(args.counted_after);
+                args.counted_after = whole_ms_down(args.counted_after);
                 let mut outcome = self.sync(limits, now, &args);
                 if let (Some(used), Outcome::Synced(synced)) = (args.settle, &mut outcome)
                     && let Outcome::Settled(delta) = self.settle(
@@ -230,7 +230,7 @@ impl KeyState {
                 charged,
                 used,
                 last,
-                whole_ms(counted_after),
+                whole_ms_down(counted_after),
             )),
             Op::Snapshot => Ok(Outcome::Snapshot(self.snapshot(limits, now))),
             Op::Ping => Ok(Outcome::Done),
@@ -238,10 +238,17 @@ impl KeyState {
     }
 }
 
-/// `d` in whole milliseconds, rounded up: the store's grain for a pause, a provider's hint and
-/// when a provider counted a call (Redis's script takes milliseconds). Up is the cautious side
-/// for each: a longer pause, a refill credited to the key from later, a window lowered more.
+/// `d` in whole milliseconds, rounded up: the store's grain for a pause and a provider's hint
+/// (Redis's script takes milliseconds), rounded to the cautious side: a longer pause, a window
+/// lowered more.
 fn whole_ms(d: Duration) -> Duration {
     let ms = d.as_nanos().div_ceil(1_000_000);
     Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
+}
+
+/// `d` in whole milliseconds, rounded down: when a provider counted a call after it went out,
+/// as the script reads it. Down, so that the refill taken back from a window that was full is
+/// never more than the window had (it is at most a millisecond's refill short of it).
+fn whole_ms_down(d: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }

@@ -22,8 +22,10 @@
 //!    may read any of them) times the copies `n` or `best_of` ask for, or, when it names none
 //!    (or 0), its model's most output ([`models`]) as far as the windows hold beside its input.
 //!    A stream that did not ask for its usage is asked for it (`stream_options.include_usage`,
-//!    [`Profile::stream_usage`]): [`Call::body`] is the body to send. Then it waits for the
-//!    toll. The admission is remembered in the store as a call *in flight*, with what the key's
+//!    [`Profile::stream_usage`]): [`Call::body`] is the body to send. The estimated input
+//!    carries a margin while the call is out ([`GateBuilder::estimate_margin`], 3% by
+//!    default: a tokenizer's count and the provider's differ by that much), given back when
+//!    the answer's usage settles it. Then it waits for the toll. The admission is remembered in the store as a call *in flight*, with what the key's
 //!    windows held when it went out. With sync on, a key's first call goes alone, and the others
 //!    wait (up to [`GateBuilder::first_answer_wait`], 1 s) for its answer, so that they are
 //!    admitted against what the provider says is left rather than a full bucket.
@@ -34,14 +36,25 @@
 //!    so what is left is spending the gate did not see, and that much is taken off every
 //!    window of the currency. Calls sent within 250 ms of it on either side may reach the
 //!    provider in either order; what is taken off leaves them out (the least the provider can
-//!    have seen spent elsewhere), so an honest provider is never double counted.
+//!    have seen spent elsewhere), so an honest provider is never double counted. Refill is
+//!    credited from when the provider counted the call (its `openai-processing-ms` stamp
+//!    taken off the round trip, else half the round trip), and a call that found a window full
+//!    gives back, once, the refill the key's window had alone until then.
 //!    `remaining` never raises a window. A 429 is [`Verdict::Permanent`] (OpenAI's
 //!    `insufficient_quota`, Anthropic's spend limit, which has no `retry-after`) or
-//!    [`Verdict::Transient`], which pauses the key for the provider's pause (from its headers,
-//!    or Gemini's body) and empties the currencies the 429 says are spent (all, when it doesn't
-//!    say). The refused call keeps what the provider's rules say a 429 costs
-//!    ([`Profile::refusal_costs`]: the request, for every preset, since OpenAI and Gemini count
-//!    refused requests); the rest of its charge comes back in its sync.
+//!    [`Verdict::Transient`], which pauses the key and brings the windows of the currencies
+//!    the 429 says are spent (all, when it doesn't say) to where the provider's are: with the
+//!    provider's pause (from its headers, or Gemini's body), the tightest window holds exactly
+//!    what the refused call needed when the pause ends, less what went out after it; without
+//!    one, they are emptied. A 429 never raises a window: the refused call keeps its whole
+//!    charge (OpenAI and Gemini count refused requests), and a retry pays its own toll. The
+//!    first 429 pauses the key for the provider's pause; each further one before an answer
+//!    that is not a 429 doubles it, with jitter (0.8 to 1.2), up to a minute. Calls refused
+//!    together (admitted before the last such doubling) count once: they are one mistake,
+//!    which the first refusal corrected.
+//!
+//!    An answer that is not a stream is read whole at once ([`Call::whole_answer`]): its sync
+//!    waits for its settlement, and both take one step of the store (one round trip to Redis).
 //! 3. **After the body**: the permit settles with the usage the body (or the stream's events)
 //!    reported: an overestimate is refunded, a shortfall charged. A shortfall the provider had
 //!    already counted when a sync or a 429 took it off is drawn from that correction, never

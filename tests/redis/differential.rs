@@ -236,7 +236,7 @@ fn operation(rng: &mut Lcg, limits: &Limits, calls: &[Held]) -> (Op, Option<usiz
                 args.margin[i] = if rng.below(2) == 0 { rng.below(40) } else { 0 };
                 args.margin_if_above[i] = rng.below(2) == 0;
             }
-            // Counted up to 3 s after the call went out, to the microsecond: both round it up
+            // Counted up to 3 s after the call went out, to the microsecond: both round it down
             // to the millisecond.
             args.counted_after = Duration::from_micros(rng.below(3_000_000));
             args.refused = (rng.below(6) == 0).then(|| {

@@ -99,10 +99,6 @@ fn exact(value: i64) -> i64 {
 /// The script's name for `op`, and its own arguments.
 pub(super) fn op_args(op: &Op) -> (&'static str, Vec<i64>) {
     let ms_floor = |d: std::time::Duration| i64::try_from(d.as_millis()).unwrap_or(MAX_EXACT);
-    // Rounded up, as the rule book reads it (see `whole_ms` there).
-    let ms_ceil = |d: std::time::Duration| {
-        i64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(MAX_EXACT)
-    };
     let amount = |n: u64| i64::try_from(n).unwrap_or(MAX_EXACT).min(MAX_EXACT);
     let maybe = |n: Option<u64>| n.map_or(-1, amount);
     let flag = |b: bool| i64::from(b);
@@ -162,7 +158,7 @@ pub(super) fn op_args(op: &Op) -> (&'static str, Vec<i64>) {
             args.extend(sync.margin_if_above.map(flag).values());
             // 16 says "refused"; the bits below it, the currencies given back.
             args.push(sync.refused.map_or(0, |back| 16 + i64::from(back.bits())));
-            args.push(ms_ceil(sync.counted_after).min(MAX_EXACT));
+            args.push(ms_floor(sync.counted_after).min(MAX_EXACT));
             if let Some(used) = sync.settle {
                 args.push(1);
                 args.extend(used.map(maybe).values());
@@ -180,7 +176,7 @@ pub(super) fn op_args(op: &Op) -> (&'static str, Vec<i64>) {
             args.extend(charged.per_currency().map(amount).values());
             args.extend(used.map(maybe).values());
             args.push(flag(last));
-            args.push(ms_ceil(counted_after).min(MAX_EXACT));
+            args.push(ms_floor(counted_after).min(MAX_EXACT));
             ("settle", args)
         }
         Op::Snapshot => ("snapshot", Vec::new()),
