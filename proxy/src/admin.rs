@@ -502,7 +502,7 @@ async fn serve_request(
             response
         }
         "/metrics" => {
-            let (body, content_type) = crate::proxy::metrics_page(shared).await;
+            let (body, content_type) = crate::service::metrics_page(shared).await;
             let mut response = respond(StatusCode::OK, text, body);
             response
                 .headers_mut()

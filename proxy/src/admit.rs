@@ -1,144 +1,19 @@
 //! A request's body read within its bounds, then its toll: read the way its upstream will read
 //! it, and paid at the tenant's windows (before the organization's, at forwarding).
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use http::HeaderMap;
-use http_body_util::BodyExt;
-use hyper::body::Incoming;
-use tokio::sync::OwnedSemaphorePermit;
+use bytes::Bytes;
 use tokio::time::Instant;
 use tollgate::http::{Attempts, BodyError};
 use tollgate::{Attempt, Cost, Currency, Dollars, Error, Limiter, Limits, Rates, Snapshot};
 
-use crate::answer::ErrorKind;
+use crate::answer::{ErrorKind, Reject};
 use crate::config::{Family, UnknownModels};
-use crate::state::{
-    BUDGET, BUFFER_UNIT, ReadyUpstream, Shared, TENANT_PART, model_entry, model_of,
-};
+use crate::exchange::Exchange;
+use crate::head::upstream_head;
+use crate::state::{BUDGET, ReadyUpstream, Shared, TENANT_PART, model_entry, model_of};
 use crate::tenant::Tenant;
-
-/// How long a body may come at any rate before the minimum rate applies.
-const BODY_GRACE: Duration = Duration::from_secs(5);
-
-/// Why a body was not read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum BodyFail {
-    /// Larger than the proxy takes (413).
-    TooLarge,
-    /// Slower than the minimum rate, or past the body's deadline (408).
-    Slow,
-    /// The memory for bodies is full (503).
-    Busy,
-    /// The proxy started draining while it came (503).
-    Draining,
-    /// The client broke the body off (400).
-    Broken,
-}
-
-/// The `content-length` a request declares.
-pub(crate) fn content_length(headers: &HeaderMap) -> Option<u64> {
-    headers
-        .get(http::header::CONTENT_LENGTH)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
-}
-
-fn units(bytes: usize) -> u32 {
-    u32::try_from(bytes.div_ceil(BUFFER_UNIT)).unwrap_or(u32::MAX)
-}
-
-/// Reads a request's body: at most `max_body` bytes, counted against the memory for bodies as
-/// they arrive (the permit comes back when the request is done), by its deadline and at the
-/// minimum rate, and given up when the proxy starts draining.
-pub(crate) async fn read_body(
-    shared: &Shared,
-    headers: &HeaderMap,
-    mut body: Incoming,
-) -> Result<(Bytes, Option<OwnedSemaphorePermit>), BodyFail> {
-    let started = Instant::now();
-    let bounds = &shared.bounds;
-    let declared = content_length(headers).and_then(|n| usize::try_from(n).ok());
-    let mut held: Option<OwnedSemaphorePermit> = None;
-    let hold = |bytes: usize, held: &mut Option<OwnedSemaphorePermit>| {
-        let want = units(bytes);
-        let have = held.as_ref().map_or(0, |p| p.num_permits() as u32);
-        if want <= have {
-            return Ok(());
-        }
-        let more = Arc::clone(&shared.buffered)
-            .try_acquire_many_owned(want - have)
-            .map_err(|_| BodyFail::Busy)?;
-        match held {
-            Some(permit) => permit.merge(more),
-            None => *held = Some(more),
-        }
-        Ok(())
-    };
-    // Counted as the bytes arrive, not as declared: a client that declares 32 MiB and trickles
-    // holds only what it sent (and the minimum rate keeps that small).
-    let mut data = BytesMut::with_capacity(declared.unwrap_or(0).min(64 << 10));
-    let deadline = started + bounds.body_timeout;
-    let drain = shared.drain_started.notified();
-    let mut drain = std::pin::pin!(drain);
-    drain.as_mut().enable();
-    loop {
-        if shared.draining.load(std::sync::atomic::Ordering::Relaxed) {
-            return Err(BodyFail::Draining);
-        }
-        // By `t` after the start, the body must have sent `rate × (t − grace)` bytes.
-        let behind = match bounds.body_min_rate {
-            0 => deadline,
-            rate => {
-                let allowed = Duration::from_secs_f64(data.len() as f64 / rate as f64);
-                started + BODY_GRACE + allowed
-            }
-        };
-        let until = deadline.min(behind);
-        let frame = tokio::select! {
-            frame = tokio::time::timeout_at(until, body.frame()) => frame,
-            () = &mut drain => return Err(BodyFail::Draining),
-        };
-        match frame {
-            Err(_) => return Err(BodyFail::Slow),
-            Ok(None) => break,
-            Ok(Some(Err(_))) => return Err(BodyFail::Broken),
-            Ok(Some(Ok(frame))) => {
-                let Ok(bytes) = frame.into_data() else {
-                    continue;
-                };
-                if data.len() + bytes.len() > shared.max_body {
-                    return Err(BodyFail::TooLarge);
-                }
-                hold(data.len() + bytes.len(), &mut held)?;
-                data.extend_from_slice(&bytes);
-            }
-        }
-    }
-    Ok((data.freeze(), held))
-}
-
-/// Why a call was not admitted: the answer's kind, and what the client is told.
-pub(crate) struct Refusal {
-    pub(crate) kind: ErrorKind,
-    pub(crate) message: String,
-    pub(crate) retry_after: Option<Duration>,
-}
-
-impl Refusal {
-    fn new(kind: ErrorKind, message: impl Into<String>) -> Refusal {
-        Refusal {
-            kind,
-            message: message.into(),
-            retry_after: None,
-        }
-    }
-}
 
 /// The currency whose windows can't pay `cost` now, the one that would keep the call waiting
 /// longest: what a refusal for want of time names (`None` when every window can pay: a pause
@@ -167,7 +42,7 @@ pub(crate) fn refusal(
     upstream: &ReadyUpstream,
     err: &Error,
     short: Option<Currency>,
-) -> Refusal {
+) -> Reject {
     match err {
         Error::Timeout { key, needed, .. } => {
             upstream.metrics.local_429s.increment(1);
@@ -179,49 +54,47 @@ pub(crate) fn refusal(
                     crate::answer::window_words(upstream.family, currency)
                 )
             });
-            Refusal {
-                kind: ErrorKind::RateLimited(short),
-                message: format!(
+            Reject::new(
+                ErrorKind::RateLimited(short),
+                format!(
                     "tollgate-proxy: this call would wait past its deadline for its share of the rate limit{window}; retry after {:.1} s ({err})",
                     wait.as_secs_f64()
                 ),
-                retry_after: Some(wait),
-            }
+            )
+            .retry_after(wait)
         }
         Error::QueueFull { key, .. } => {
             upstream.metrics.local_429s.increment(1);
             shared.live.local_429(key);
-            Refusal {
-                kind: ErrorKind::RateLimited(None),
-                message: format!("tollgate-proxy: {err}"),
-                retry_after: Some(Duration::from_secs(1)),
-            }
+            Reject::new(
+                ErrorKind::RateLimited(None),
+                format!("tollgate-proxy: {err}"),
+            )
+            .retry_after(Duration::from_secs(1))
         }
-        Error::Unpriced { .. } => {
-            Refusal::new(ErrorKind::Invalid, format!("tollgate-proxy: {err}"))
-        }
-        Error::CostExceedsCapacity { .. } | Error::InvalidCost { .. } => Refusal::new(
+        Error::Unpriced { .. } => Reject::new(ErrorKind::Invalid, format!("tollgate-proxy: {err}")),
+        Error::CostExceedsCapacity { .. } | Error::InvalidCost { .. } => Reject::new(
             ErrorKind::Invalid,
             format!("tollgate-proxy: this call can never pass: {err}"),
         ),
-        Error::Body(BodyError::UnsupportedEncoding(_)) => Refusal::new(
+        Error::Body(BodyError::UnsupportedEncoding(_)) => Reject::new(
             ErrorKind::UnsupportedEncoding,
             format!("tollgate-proxy: {err}"),
         ),
         Error::Body(BodyError::TooLarge { .. }) => {
             upstream.metrics.too_large.increment(1);
-            Refusal::new(ErrorKind::TooLarge, format!("tollgate-proxy: {err}"))
+            Reject::new(ErrorKind::TooLarge, format!("tollgate-proxy: {err}"))
         }
-        Error::Body(_) => Refusal::new(ErrorKind::Invalid, format!("tollgate-proxy: {err}")),
+        Error::Body(_) => Reject::new(ErrorKind::Invalid, format!("tollgate-proxy: {err}")),
         Error::Unavailable { .. } | Error::Store { .. } => {
             shared.proxy_metrics.store_errors.increment(1);
             tracing::warn!(upstream = %upstream.name, error = %err, "the store could not serve a call");
-            Refusal::new(
+            Reject::new(
                 ErrorKind::Unavailable,
                 "tollgate-proxy: the rate-limit store can't be reached; nothing was sent",
             )
         }
-        _ => Refusal::new(ErrorKind::Unavailable, format!("tollgate-proxy: {err}")),
+        _ => Reject::new(ErrorKind::Unavailable, format!("tollgate-proxy: {err}")),
     }
 }
 
@@ -346,16 +219,27 @@ fn human(wait: Duration) -> String {
     }
 }
 
+/// The toll phase: the metered request read as its upstream will read it (see [`prepare`]).
+pub(crate) async fn toll(exchange: &Exchange<'_>) -> Result<Prepared, Reject> {
+    let (shared, upstream) = (exchange.shared, &exchange.upstream);
+    let client = exchange.client.clone();
+    let mut head = upstream_head(shared, upstream, client, &exchange.route.path)?;
+    // The usage can only be read from bytes as they were written.
+    head.headers.remove(http::header::ACCEPT_ENCODING);
+    let tenant = exchange.tenant.as_ref();
+    prepare(shared, upstream, tenant, &head, &exchange.body).await
+}
+
 /// Reads a metered request for its upstream, pays its tenant's toll (its tier's windows, at
 /// this upstream) and reserves its price from every budget it spends from: the attempts to
 /// forward it.
-pub(crate) async fn prepare(
+async fn prepare(
     shared: &Shared,
     upstream: &ReadyUpstream,
     tenant: Option<&Tenant>,
     parts: &http::request::Parts,
     body: &Bytes,
-) -> Result<Prepared, Refusal> {
+) -> Result<Prepared, Reject> {
     let gate = &upstream.gate;
     let mut estimated = gate
         .read(parts, body)
@@ -386,7 +270,7 @@ pub(crate) async fn prepare(
             // proxy doesn't see it: its unseen input can't be learnt, nor settled (it had freed
             // its turn as soon as it was queued, and been settled at its visible estimate).
             if value.get("background").and_then(serde_json::Value::as_bool) == Some(true) {
-                return Err(Refusal::new(
+                return Err(Reject::new(
                     ErrorKind::Invalid,
                     "tollgate-proxy: under a budget, a background call can't bring input the proxy can't see (a previous response, a file by reference, a server-side tool): it is billed after its answer, where the proxy doesn't see it; send it in the foreground",
                 ));
@@ -425,11 +309,11 @@ pub(crate) async fn prepare(
                         },
                         _ => {
                             upstream.metrics.local_429s.increment(1);
-                            return Err(Refusal {
-                                kind: ErrorKind::RateLimited(None),
-                                message: "tollgate-proxy: this call brings input the proxy can't see (a previous response, a file by reference, a server-side tool), and such calls of this tenant and model go one at a time until one has been billed; another is still in flight".to_owned(),
-                                retry_after: Some(Duration::from_secs(1)),
-                            });
+                            return Err(Reject::new(
+                                ErrorKind::RateLimited(None),
+                                "tollgate-proxy: this call brings input the proxy can't see (a previous response, a file by reference, a server-side tool), and such calls of this tenant and model go one at a time until one has been billed; another is still in flight".to_owned(),
+                            )
+                            .retry_after(Duration::from_secs(1)));
                         }
                     }
                 }
@@ -448,7 +332,7 @@ pub(crate) async fn prepare(
         if let Some(model) = named
             && model_entry(&upstream.config, &upstream.profile, model).is_none()
         {
-            return Err(Refusal::new(
+            return Err(Reject::new(
                 ErrorKind::Invalid,
                 format!(
                     "tollgate-proxy: upstream `{}` does not serve the model `{}`",
@@ -528,7 +412,7 @@ pub(crate) async fn member_budget(
     shared: &Shared,
     member: &ReadyUpstream,
     attempts: &Attempts,
-) -> Result<Option<tollgate::Permit>, Refusal> {
+) -> Result<Option<tollgate::Permit>, Reject> {
     if member.config.spend.is_empty() {
         return Ok(None);
     }
@@ -553,7 +437,7 @@ async fn take_budget(
     key: &str,
     limits: &Limits,
     named: &str,
-) -> Result<tollgate::Permit, Refusal> {
+) -> Result<tollgate::Permit, Reject> {
     shared.carry(key).await;
     let key = shared.store_key(key);
     let limiter = shared
@@ -576,20 +460,20 @@ async fn take_budget(
                 .ok()
                 .and_then(|s| s.least(Currency::Spend))
                 .map_or(0, |l| u64::try_from(l.whole().max(0)).unwrap_or(0));
-            Err(Refusal {
-                kind: ErrorKind::BudgetSpent,
-                message: format!(
+            Err(Reject::new(
+                ErrorKind::BudgetSpent,
+                format!(
                     "tollgate-proxy: {named} is spent: {} left, and this call may cost up to {priced}; enough refills in {}",
                     Dollars(left),
                     human(wait)
                 ),
-                retry_after: Some(wait),
-            })
+            )
+            .retry_after(wait))
         }
         Err(Error::CostExceedsCapacity { .. }) => {
             upstream.metrics.budget_refusals.increment(1);
             shared.live.budget_refused(&key);
-            Err(Refusal::new(
+            Err(Reject::new(
                 ErrorKind::BudgetSpent,
                 format!(
                     "tollgate-proxy: this call may cost up to {priced}, more than {named} ever holds; lower max_tokens"
