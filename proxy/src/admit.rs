@@ -4,8 +4,9 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
-use tollgate::http::{Attempts, BodyError};
+use tollgate::http::{Attempts, BodyError, Estimated};
 use tollgate::{Attempt, Cost, Currency, Dollars, Error, Limiter, Limits, Rates, Snapshot};
 
 use crate::answer::{ErrorKind, Reject};
@@ -241,11 +242,46 @@ async fn prepare(
     body: &Bytes,
 ) -> Result<Prepared, Reject> {
     let gate = &upstream.gate;
-    let mut estimated = gate
+    let estimated = gate
         .read(parts, body)
         .map_err(|err| refusal(shared, upstream, &err, None))?;
-    // Inputs the proxy can't see, under a budget: reserved at what such calls were billed
-    // before, or, until one has settled, one call at a time.
+    let (estimated, hidden, alone) =
+        reserve_unseen(shared, upstream, tenant, parts, body, estimated).await?;
+    refuse_unknown_model(upstream, parts, &estimated)?;
+    let mut attempts = Attempts::of(gate, estimated);
+    let tenant_view = match tenant {
+        Some(tenant) => tenant_toll(shared, upstream, tenant, &mut attempts).await?,
+        None => None,
+    };
+    pay_budgets(shared, upstream, tenant, &mut attempts).await?;
+    Ok(Prepared {
+        attempts,
+        tenant_view,
+        hidden,
+        alone,
+    })
+}
+
+/// A call's tenant and model, when it brings input the proxy can't see; and its turn, while
+/// such calls go one at a time.
+type Unseen = (
+    Estimated,
+    Option<(String, String)>,
+    Option<OwnedSemaphorePermit>,
+);
+
+/// Input the gate's estimate leaves out, under a budget, reserved from the budgets beside it:
+/// the images an Azure deployment bills by its own model's rule, and inputs the proxy can't
+/// see, reserved at what such calls were billed before, or, until one has settled, one call
+/// at a time.
+async fn reserve_unseen(
+    shared: &Shared,
+    upstream: &ReadyUpstream,
+    tenant: Option<&Tenant>,
+    parts: &http::request::Parts,
+    body: &Bytes,
+    estimated: Estimated,
+) -> Result<Unseen, Reject> {
     let pooled_budgets = shared
         .config
         .pool_of(&upstream.name, estimated.model())
@@ -256,74 +292,102 @@ async fn prepare(
                     .is_some_and(|u| !u.config.spend.is_empty())
             })
         });
-    let mut hidden = None;
+    if !pooled_budgets && budgets(shared, upstream, tenant).is_empty() {
+        return Ok((estimated, None, None));
+    }
+    let read = estimated.body().map_or(&body[..], |b| &b[..]);
+    let value = crate::lenient::read(read);
+    let images = azure_images_missed(upstream, parts, &value, estimated.model());
+    let seen = estimated.input_tokens().saturating_add(images);
+    let mut unseen = images;
+    let (mut hidden, mut alone) = (None, None);
+    if crate::hidden::unmeasured(&value) {
+        let (extra, turn, who) =
+            ceiling(shared, upstream, tenant, &value, &estimated, seen).await?;
+        unseen += extra;
+        alone = turn;
+        hidden = Some(who);
+    }
+    let estimated = if unseen > 0 {
+        estimated.with_unseen_input(unseen)
+    } else {
+        estimated
+    };
+    Ok((estimated, hidden, alone))
+}
+
+/// What a call bringing input the proxy can't see reserves beyond `seen`: up to the ceiling
+/// such calls of its tenant and model were billed, or, until one has been billed, nothing,
+/// with its turn to go alone; and its tenant and model.
+async fn ceiling(
+    shared: &Shared,
+    upstream: &ReadyUpstream,
+    tenant: Option<&Tenant>,
+    value: &serde_json::Value,
+    estimated: &Estimated,
+    seen: u64,
+) -> Result<(u64, Option<OwnedSemaphorePermit>, (String, String)), Reject> {
+    let mut extra = 0;
     let mut alone = None;
-    if pooled_budgets || !budgets(shared, upstream, tenant).is_empty() {
-        let read = estimated.body().map_or(&body[..], |b| &b[..]);
-        let value = crate::lenient::read(read);
-        // Input the gate's estimate leaves out, reserved from the budgets beside it.
-        let images = azure_images_missed(upstream, parts, &value, estimated.model());
-        let seen = estimated.input_tokens().saturating_add(images);
-        let mut unseen = images;
-        if crate::hidden::unmeasured(&value) {
-            // A background response answers at once, queued, and is billed later, where the
-            // proxy doesn't see it: its unseen input can't be learnt, nor settled (it had freed
-            // its turn as soon as it was queued, and been settled at its visible estimate).
-            if value.get("background").and_then(serde_json::Value::as_bool) == Some(true) {
-                return Err(Reject::new(
-                    ErrorKind::Invalid,
-                    "tollgate-proxy: under a budget, a background call can't bring input the proxy can't see (a previous response, a file by reference, a server-side tool): it is billed after its answer, where the proxy doesn't see it; send it in the foreground",
-                ));
-            }
-            let who = tenant.map_or("-", |t| t.name.as_str()).to_owned();
-            // A model's snapshots are the model (`gpt-4o-2024-08-06` is gpt-4o's): each name
-            // had a turn of its own, so as many such calls went at once, each blind.
-            let model = estimated.model().map_or_else(
-                || "-".to_owned(),
-                |m| {
-                    model_entry(&upstream.config, &upstream.profile, m)
-                        .unwrap_or_else(|| m.to_owned())
-                },
-            );
-            let (mut most, turn) = shared.hidden.ceiling(&who, &model);
-            if most.is_none()
-                && let Some(shared_most) = shared.owners.ceiling_of(&who, &model).await
-            {
-                most = Some(shared.hidden.learned(&who, &model, shared_most));
-            }
-            match most {
-                Some(most) => unseen += most.saturating_sub(seen),
-                None => {
-                    let deadline = gate
-                        .deadline()
-                        .unwrap_or_else(|| Instant::now() + Duration::from_secs(3_600));
-                    match tokio::time::timeout_at(deadline, turn.acquire_owned()).await {
-                        // The call before it may have taught the ceiling while it waited:
-                        // then it goes at once, reserved at it.
-                        Ok(Ok(permit)) => match shared.hidden.ceiling(&who, &model).0 {
-                            Some(most) => {
-                                drop(permit);
-                                unseen += most.saturating_sub(seen);
-                            }
-                            None => alone = Some(permit),
-                        },
-                        _ => {
-                            upstream.metrics.local_429s.increment(1);
-                            return Err(Reject::new(
-                                ErrorKind::RateLimited(None),
-                                "tollgate-proxy: this call brings input the proxy can't see (a previous response, a file by reference, a server-side tool), and such calls of this tenant and model go one at a time until one has been billed; another is still in flight".to_owned(),
-                            )
-                            .retry_after(Duration::from_secs(1)));
-                        }
+    // A background response answers at once, queued, and is billed later, where the
+    // proxy doesn't see it: its unseen input can't be learnt, nor settled (it had freed
+    // its turn as soon as it was queued, and been settled at its visible estimate).
+    if value.get("background").and_then(serde_json::Value::as_bool) == Some(true) {
+        return Err(Reject::new(
+            ErrorKind::Invalid,
+            "tollgate-proxy: under a budget, a background call can't bring input the proxy can't see (a previous response, a file by reference, a server-side tool): it is billed after its answer, where the proxy doesn't see it; send it in the foreground",
+        ));
+    }
+    let who = tenant.map_or("-", |t| t.name.as_str()).to_owned();
+    // A model's snapshots are the model (`gpt-4o-2024-08-06` is gpt-4o's): each name
+    // had a turn of its own, so as many such calls went at once, each blind.
+    let model = estimated.model().map_or_else(
+        || "-".to_owned(),
+        |m| model_entry(&upstream.config, &upstream.profile, m).unwrap_or_else(|| m.to_owned()),
+    );
+    let (mut most, turn) = shared.hidden.ceiling(&who, &model);
+    if most.is_none()
+        && let Some(shared_most) = shared.owners.ceiling_of(&who, &model).await
+    {
+        most = Some(shared.hidden.learned(&who, &model, shared_most));
+    }
+    match most {
+        Some(most) => extra = most.saturating_sub(seen),
+        None => {
+            let deadline = upstream
+                .gate
+                .deadline()
+                .unwrap_or_else(|| Instant::now() + Duration::from_secs(3_600));
+            match tokio::time::timeout_at(deadline, turn.acquire_owned()).await {
+                // The call before it may have taught the ceiling while it waited:
+                // then it goes at once, reserved at it.
+                Ok(Ok(permit)) => match shared.hidden.ceiling(&who, &model).0 {
+                    Some(most) => {
+                        drop(permit);
+                        extra = most.saturating_sub(seen);
                     }
+                    None => alone = Some(permit),
+                },
+                _ => {
+                    upstream.metrics.local_429s.increment(1);
+                    return Err(Reject::new(
+                        ErrorKind::RateLimited(None),
+                        "tollgate-proxy: this call brings input the proxy can't see (a previous response, a file by reference, a server-side tool), and such calls of this tenant and model go one at a time until one has been billed; another is still in flight".to_owned(),
+                    )
+                    .retry_after(Duration::from_secs(1)));
                 }
             }
-            hidden = Some((who, model));
-        }
-        if unseen > 0 {
-            estimated = estimated.with_unseen_input(unseen);
         }
     }
+    Ok((extra, alone, (who, model)))
+}
+
+/// Refuses a model the upstream doesn't serve, where its configuration says so.
+fn refuse_unknown_model(
+    upstream: &ReadyUpstream,
+    parts: &http::request::Parts,
+    estimated: &Estimated,
+) -> Result<(), Reject> {
     if upstream.config.unknown_models == UnknownModels::Refuse {
         let named = match upstream.family {
             Family::Azure => model_of(Family::Azure, parts, &serde_json::Value::Null),
@@ -342,14 +406,23 @@ async fn prepare(
             ));
         }
     }
-    let mut attempts = Attempts::of(gate, estimated);
+    Ok(())
+}
+
+/// Pays the toll at the tenant's own windows (its tier's, at this upstream); what they held
+/// then is the view its answer's rate-limit headers show.
+async fn tenant_toll(
+    shared: &Shared,
+    upstream: &ReadyUpstream,
+    tenant: &Tenant,
+    attempts: &mut Attempts,
+) -> Result<Option<TenantView>, Reject> {
+    let gate = &upstream.gate;
     let mut tenant_view = None;
     // The tenant's own windows first: while it waits at the organization's key it holds
     // only its own tokens, never the organization's, so no order of waiting can deadlock,
     // and a tenant past its windows can't take the organization's line from the others.
-    if let Some(tenant) = tenant
-        && let Some(limits) = shared.tenant_limits(&tenant.name)
-    {
+    if let Some(limits) = shared.tenant_limits(&tenant.name) {
         let logical = format!("{}:{TENANT_PART}{}", upstream.name, tenant.name);
         shared.carry(&logical).await;
         let key = shared.store_key(&logical);
@@ -384,6 +457,16 @@ async fn prepare(
             });
         }
     }
+    Ok(tenant_view)
+}
+
+/// Reserves the call's price from every budget it spends from.
+async fn pay_budgets(
+    shared: &Shared,
+    upstream: &ReadyUpstream,
+    tenant: Option<&Tenant>,
+    attempts: &mut Attempts,
+) -> Result<(), Reject> {
     // Budgets never wait: a spent budget is answered as the provider answers a spent quota.
     // A pool's members' own budgets are paid by the member that serves the call, when it is
     // chosen (`forward.rs`): paid here, the first member's had paid for every member.
@@ -398,12 +481,7 @@ async fn prepare(
         let permit = take_budget(shared, upstream, &attempts, &key, &limits, &named).await?;
         attempts.attach(permit);
     }
-    Ok(Prepared {
-        attempts,
-        tenant_view,
-        hidden,
-        alone,
-    })
+    Ok(())
 }
 
 /// The budget of `member` (its upstream's `spend`), paid for the call in `attempts` at once, if
