@@ -30,8 +30,9 @@ use tokio::task::JoinSet;
 use tollgate::{Currency, Limiter, Limits};
 
 use crate::config::LimitsFrom;
+use crate::keys::{BUDGET, TENANT_PART};
 use crate::metrics::OTHER;
-use crate::state::{BUDGET, ReadyUpstream, Shared, TENANT_PART};
+use crate::state::{ReadyUpstream, Shared};
 use crate::tally::{Counts, unix_ms};
 
 /// The status page.

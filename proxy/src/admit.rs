@@ -13,7 +13,8 @@ use crate::answer::{ErrorKind, Reject};
 use crate::config::{Family, UnknownModels};
 use crate::exchange::Exchange;
 use crate::head::upstream_head;
-use crate::state::{BUDGET, ReadyUpstream, Shared, TENANT_PART, model_entry, model_of};
+use crate::keys::{BUDGET, TENANT_PART};
+use crate::state::{ReadyUpstream, Shared, model_entry, model_of};
 use crate::tenant::Tenant;
 
 /// The currency whose windows can't pay `cost` now, the one that would keep the call waiting

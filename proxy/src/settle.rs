@@ -9,7 +9,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tollgate::http::{Attempts, Settlement};
 
 use crate::exchange::Exchange;
-use crate::state::TENANT_PART;
+use crate::keys::{BUDGET, TENANT_PART};
 
 /// What a metered call's log line says, filled as it becomes known.
 #[derive(Debug, Default)]
@@ -92,7 +92,7 @@ pub(crate) fn on_settled(
     alone: Option<OwnedSemaphorePermit>,
 ) {
     let (shared, upstream, tenant) = (exchange.shared, &exchange.upstream, &exchange.tenant);
-    let upstream_budget = format!("{}upstream:", crate::state::BUDGET);
+    let upstream_budget = format!("{}upstream:", BUDGET);
     let settling = Settling {
         log: Arc::clone(log),
         settled: upstream.metrics.settled_tokens.clone(),
