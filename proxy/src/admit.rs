@@ -479,7 +479,7 @@ async fn pay_budgets(
         if pooled && key.starts_with(&format!("{BUDGET}upstream:")) {
             continue;
         }
-        let permit = take_budget(shared, upstream, &attempts, &key, &limits, &named).await?;
+        let permit = take_budget(shared, upstream, attempts, &key, &limits, &named).await?;
         attempts.attach(permit);
     }
     Ok(())
