@@ -27,16 +27,9 @@ pub(crate) async fn handle(
     let started = std::time::Instant::now();
     let method = request.method().clone();
     let mut labels = Labels::default();
-    let service = crate::service::answer(&shared, request.uri().path(), request.headers()).await;
-    let response = match service {
-        Some(response) => {
-            labels.route = "service";
-            response
-        }
-        None => match through(&shared, request, &mut labels).await {
-            Ok(response) => response,
-            Err(reject) => reject.answer(labels.family),
-        },
+    let response = match through(&shared, request, &mut labels).await {
+        Ok(response) => response,
+        Err(reject) => reject.answer(labels.family),
     };
     let upstream = labels.upstream.as_deref().unwrap_or("-");
     let status = response.status().as_u16();
@@ -59,12 +52,18 @@ pub(crate) async fn handle(
     Response::from_parts(parts, body.holding(in_flight).scrubbing(&shared.secrets))
 }
 
-/// The request through its phases, filling `labels` as they learn them.
+/// The request through its phases (a service path is answered at once), filling `labels` as
+/// they learn them.
 async fn through(
     shared: &Arc<Shared>,
     request: Request<Incoming>,
     labels: &mut Labels,
 ) -> Result<Response<Relay>, Reject> {
+    let service = crate::service::answer(shared, request.uri().path(), request.headers()).await;
+    if let Some(response) = service {
+        labels.route = "service";
+        return Ok(response);
+    }
     let (client, incoming) = request.into_parts();
     let route = crate::route::phase(&shared.routes, shared.other, &client)?;
     let upstream = Arc::clone(&shared.upstreams[route.upstream]);
