@@ -30,8 +30,9 @@ use tokio::task::JoinSet;
 use tollgate::{Currency, Limiter, Limits};
 
 use crate::config::LimitsFrom;
+use crate::keys::{BUDGET, TENANT_PART};
 use crate::metrics::OTHER;
-use crate::state::{BUDGET, ReadyUpstream, Shared, TENANT_PART};
+use crate::state::{ReadyUpstream, Shared};
 use crate::tally::{Counts, unix_ms};
 
 /// The status page.
@@ -502,7 +503,7 @@ async fn serve_request(
             response
         }
         "/metrics" => {
-            let (body, content_type) = crate::proxy::metrics_page(shared).await;
+            let (body, content_type) = crate::service::metrics_page(shared).await;
             let mut response = respond(StatusCode::OK, text, body);
             response
                 .headers_mut()

@@ -1,144 +1,21 @@
 //! A request's body read within its bounds, then its toll: read the way its upstream will read
 //! it, and paid at the tenant's windows (before the organization's, at forwarding).
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use http::HeaderMap;
-use http_body_util::BodyExt;
-use hyper::body::Incoming;
+use bytes::Bytes;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
-use tollgate::http::{Attempts, BodyError};
+use tollgate::http::{Attempts, BodyError, Estimated};
 use tollgate::{Attempt, Cost, Currency, Dollars, Error, Limiter, Limits, Rates, Snapshot};
 
-use crate::answer::ErrorKind;
+use crate::answer::{ErrorKind, Reject};
 use crate::config::{Family, UnknownModels};
-use crate::state::{
-    BUDGET, BUFFER_UNIT, ReadyUpstream, Shared, TENANT_PART, model_entry, model_of,
-};
+use crate::exchange::Exchange;
+use crate::head::upstream_head;
+use crate::keys::{BUDGET, TENANT_PART};
+use crate::state::{ReadyUpstream, Shared, model_entry, model_of};
 use crate::tenant::Tenant;
-
-/// How long a body may come at any rate before the minimum rate applies.
-const BODY_GRACE: Duration = Duration::from_secs(5);
-
-/// Why a body was not read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum BodyFail {
-    /// Larger than the proxy takes (413).
-    TooLarge,
-    /// Slower than the minimum rate, or past the body's deadline (408).
-    Slow,
-    /// The memory for bodies is full (503).
-    Busy,
-    /// The proxy started draining while it came (503).
-    Draining,
-    /// The client broke the body off (400).
-    Broken,
-}
-
-/// The `content-length` a request declares.
-pub(crate) fn content_length(headers: &HeaderMap) -> Option<u64> {
-    headers
-        .get(http::header::CONTENT_LENGTH)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
-}
-
-fn units(bytes: usize) -> u32 {
-    u32::try_from(bytes.div_ceil(BUFFER_UNIT)).unwrap_or(u32::MAX)
-}
-
-/// Reads a request's body: at most `max_body` bytes, counted against the memory for bodies as
-/// they arrive (the permit comes back when the request is done), by its deadline and at the
-/// minimum rate, and given up when the proxy starts draining.
-pub(crate) async fn read_body(
-    shared: &Shared,
-    headers: &HeaderMap,
-    mut body: Incoming,
-) -> Result<(Bytes, Option<OwnedSemaphorePermit>), BodyFail> {
-    let started = Instant::now();
-    let bounds = &shared.bounds;
-    let declared = content_length(headers).and_then(|n| usize::try_from(n).ok());
-    let mut held: Option<OwnedSemaphorePermit> = None;
-    let hold = |bytes: usize, held: &mut Option<OwnedSemaphorePermit>| {
-        let want = units(bytes);
-        let have = held.as_ref().map_or(0, |p| p.num_permits() as u32);
-        if want <= have {
-            return Ok(());
-        }
-        let more = Arc::clone(&shared.buffered)
-            .try_acquire_many_owned(want - have)
-            .map_err(|_| BodyFail::Busy)?;
-        match held {
-            Some(permit) => permit.merge(more),
-            None => *held = Some(more),
-        }
-        Ok(())
-    };
-    // Counted as the bytes arrive, not as declared: a client that declares 32 MiB and trickles
-    // holds only what it sent (and the minimum rate keeps that small).
-    let mut data = BytesMut::with_capacity(declared.unwrap_or(0).min(64 << 10));
-    let deadline = started + bounds.body_timeout;
-    let drain = shared.drain_started.notified();
-    let mut drain = std::pin::pin!(drain);
-    drain.as_mut().enable();
-    loop {
-        if shared.draining.load(std::sync::atomic::Ordering::Relaxed) {
-            return Err(BodyFail::Draining);
-        }
-        // By `t` after the start, the body must have sent `rate × (t − grace)` bytes.
-        let behind = match bounds.body_min_rate {
-            0 => deadline,
-            rate => {
-                let allowed = Duration::from_secs_f64(data.len() as f64 / rate as f64);
-                started + BODY_GRACE + allowed
-            }
-        };
-        let until = deadline.min(behind);
-        let frame = tokio::select! {
-            frame = tokio::time::timeout_at(until, body.frame()) => frame,
-            () = &mut drain => return Err(BodyFail::Draining),
-        };
-        match frame {
-            Err(_) => return Err(BodyFail::Slow),
-            Ok(None) => break,
-            Ok(Some(Err(_))) => return Err(BodyFail::Broken),
-            Ok(Some(Ok(frame))) => {
-                let Ok(bytes) = frame.into_data() else {
-                    continue;
-                };
-                if data.len() + bytes.len() > shared.max_body {
-                    return Err(BodyFail::TooLarge);
-                }
-                hold(data.len() + bytes.len(), &mut held)?;
-                data.extend_from_slice(&bytes);
-            }
-        }
-    }
-    Ok((data.freeze(), held))
-}
-
-/// Why a call was not admitted: the answer's kind, and what the client is told.
-pub(crate) struct Refusal {
-    pub(crate) kind: ErrorKind,
-    pub(crate) message: String,
-    pub(crate) retry_after: Option<Duration>,
-}
-
-impl Refusal {
-    fn new(kind: ErrorKind, message: impl Into<String>) -> Refusal {
-        Refusal {
-            kind,
-            message: message.into(),
-            retry_after: None,
-        }
-    }
-}
 
 /// The currency whose windows can't pay `cost` now, the one that would keep the call waiting
 /// longest: what a refusal for want of time names (`None` when every window can pay: a pause
@@ -167,7 +44,7 @@ pub(crate) fn refusal(
     upstream: &ReadyUpstream,
     err: &Error,
     short: Option<Currency>,
-) -> Refusal {
+) -> Reject {
     match err {
         Error::Timeout { key, needed, .. } => {
             upstream.metrics.local_429s.increment(1);
@@ -179,49 +56,47 @@ pub(crate) fn refusal(
                     crate::answer::window_words(upstream.family, currency)
                 )
             });
-            Refusal {
-                kind: ErrorKind::RateLimited(short),
-                message: format!(
+            Reject::new(
+                ErrorKind::RateLimited(short),
+                format!(
                     "tollgate-proxy: this call would wait past its deadline for its share of the rate limit{window}; retry after {:.1} s ({err})",
                     wait.as_secs_f64()
                 ),
-                retry_after: Some(wait),
-            }
+            )
+            .retry_after(wait)
         }
         Error::QueueFull { key, .. } => {
             upstream.metrics.local_429s.increment(1);
             shared.live.local_429(key);
-            Refusal {
-                kind: ErrorKind::RateLimited(None),
-                message: format!("tollgate-proxy: {err}"),
-                retry_after: Some(Duration::from_secs(1)),
-            }
+            Reject::new(
+                ErrorKind::RateLimited(None),
+                format!("tollgate-proxy: {err}"),
+            )
+            .retry_after(Duration::from_secs(1))
         }
-        Error::Unpriced { .. } => {
-            Refusal::new(ErrorKind::Invalid, format!("tollgate-proxy: {err}"))
-        }
-        Error::CostExceedsCapacity { .. } | Error::InvalidCost { .. } => Refusal::new(
+        Error::Unpriced { .. } => Reject::new(ErrorKind::Invalid, format!("tollgate-proxy: {err}")),
+        Error::CostExceedsCapacity { .. } | Error::InvalidCost { .. } => Reject::new(
             ErrorKind::Invalid,
             format!("tollgate-proxy: this call can never pass: {err}"),
         ),
-        Error::Body(BodyError::UnsupportedEncoding(_)) => Refusal::new(
+        Error::Body(BodyError::UnsupportedEncoding(_)) => Reject::new(
             ErrorKind::UnsupportedEncoding,
             format!("tollgate-proxy: {err}"),
         ),
         Error::Body(BodyError::TooLarge { .. }) => {
             upstream.metrics.too_large.increment(1);
-            Refusal::new(ErrorKind::TooLarge, format!("tollgate-proxy: {err}"))
+            Reject::new(ErrorKind::TooLarge, format!("tollgate-proxy: {err}"))
         }
-        Error::Body(_) => Refusal::new(ErrorKind::Invalid, format!("tollgate-proxy: {err}")),
+        Error::Body(_) => Reject::new(ErrorKind::Invalid, format!("tollgate-proxy: {err}")),
         Error::Unavailable { .. } | Error::Store { .. } => {
             shared.proxy_metrics.store_errors.increment(1);
             tracing::warn!(upstream = %upstream.name, error = %err, "the store could not serve a call");
-            Refusal::new(
+            Reject::new(
                 ErrorKind::Unavailable,
                 "tollgate-proxy: the rate-limit store can't be reached; nothing was sent",
             )
         }
-        _ => Refusal::new(ErrorKind::Unavailable, format!("tollgate-proxy: {err}")),
+        _ => Reject::new(ErrorKind::Unavailable, format!("tollgate-proxy: {err}")),
     }
 }
 
@@ -346,22 +221,68 @@ fn human(wait: Duration) -> String {
     }
 }
 
+/// The toll phase: the metered request read as its upstream will read it (see [`prepare`]).
+pub(crate) async fn toll(exchange: &Exchange<'_>) -> Result<Prepared, Reject> {
+    let (shared, upstream) = (exchange.shared, &exchange.upstream);
+    let client = exchange.client.clone();
+    let mut head = upstream_head(shared, upstream, client, &exchange.route.path)?;
+    // The usage can only be read from bytes as they were written.
+    head.headers.remove(http::header::ACCEPT_ENCODING);
+    let tenant = exchange.tenant.as_ref();
+    prepare(shared, upstream, tenant, &head, &exchange.body).await
+}
+
 /// Reads a metered request for its upstream, pays its tenant's toll (its tier's windows, at
 /// this upstream) and reserves its price from every budget it spends from: the attempts to
 /// forward it.
-pub(crate) async fn prepare(
+async fn prepare(
     shared: &Shared,
     upstream: &ReadyUpstream,
     tenant: Option<&Tenant>,
     parts: &http::request::Parts,
     body: &Bytes,
-) -> Result<Prepared, Refusal> {
+) -> Result<Prepared, Reject> {
     let gate = &upstream.gate;
-    let mut estimated = gate
+    let estimated = gate
         .read(parts, body)
         .map_err(|err| refusal(shared, upstream, &err, None))?;
-    // Inputs the proxy can't see, under a budget: reserved at what such calls were billed
-    // before, or, until one has settled, one call at a time.
+    let (estimated, hidden, alone) =
+        reserve_unseen(shared, upstream, tenant, parts, body, estimated).await?;
+    refuse_unknown_model(upstream, parts, &estimated)?;
+    let mut attempts = Attempts::of(gate, estimated);
+    let tenant_view = match tenant {
+        Some(tenant) => tenant_toll(shared, upstream, tenant, &mut attempts).await?,
+        None => None,
+    };
+    pay_budgets(shared, upstream, tenant, &mut attempts).await?;
+    Ok(Prepared {
+        attempts,
+        tenant_view,
+        hidden,
+        alone,
+    })
+}
+
+/// A call's tenant and model, when it brings input the proxy can't see; and its turn, while
+/// such calls go one at a time.
+type Unseen = (
+    Estimated,
+    Option<(String, String)>,
+    Option<OwnedSemaphorePermit>,
+);
+
+/// Input the gate's estimate leaves out, under a budget, reserved from the budgets beside it:
+/// the images an Azure deployment bills by its own model's rule, and inputs the proxy can't
+/// see, reserved at what such calls were billed before, or, until one has settled, one call
+/// at a time.
+async fn reserve_unseen(
+    shared: &Shared,
+    upstream: &ReadyUpstream,
+    tenant: Option<&Tenant>,
+    parts: &http::request::Parts,
+    body: &Bytes,
+    estimated: Estimated,
+) -> Result<Unseen, Reject> {
     let pooled_budgets = shared
         .config
         .pool_of(&upstream.name, estimated.model())
@@ -372,74 +293,102 @@ pub(crate) async fn prepare(
                     .is_some_and(|u| !u.config.spend.is_empty())
             })
         });
-    let mut hidden = None;
+    if !pooled_budgets && budgets(shared, upstream, tenant).is_empty() {
+        return Ok((estimated, None, None));
+    }
+    let read = estimated.body().map_or(&body[..], |b| &b[..]);
+    let value = crate::lenient::read(read);
+    let images = azure_images_missed(upstream, parts, &value, estimated.model());
+    let seen = estimated.input_tokens().saturating_add(images);
+    let mut unseen = images;
+    let (mut hidden, mut alone) = (None, None);
+    if crate::hidden::unmeasured(&value) {
+        let (extra, turn, who) =
+            ceiling(shared, upstream, tenant, &value, &estimated, seen).await?;
+        unseen += extra;
+        alone = turn;
+        hidden = Some(who);
+    }
+    let estimated = if unseen > 0 {
+        estimated.with_unseen_input(unseen)
+    } else {
+        estimated
+    };
+    Ok((estimated, hidden, alone))
+}
+
+/// What a call bringing input the proxy can't see reserves beyond `seen`: up to the ceiling
+/// such calls of its tenant and model were billed, or, until one has been billed, nothing,
+/// with its turn to go alone; and its tenant and model.
+async fn ceiling(
+    shared: &Shared,
+    upstream: &ReadyUpstream,
+    tenant: Option<&Tenant>,
+    value: &serde_json::Value,
+    estimated: &Estimated,
+    seen: u64,
+) -> Result<(u64, Option<OwnedSemaphorePermit>, (String, String)), Reject> {
+    let mut extra = 0;
     let mut alone = None;
-    if pooled_budgets || !budgets(shared, upstream, tenant).is_empty() {
-        let read = estimated.body().map_or(&body[..], |b| &b[..]);
-        let value = crate::lenient::read(read);
-        // Input the gate's estimate leaves out, reserved from the budgets beside it.
-        let images = azure_images_missed(upstream, parts, &value, estimated.model());
-        let seen = estimated.input_tokens().saturating_add(images);
-        let mut unseen = images;
-        if crate::hidden::unmeasured(&value) {
-            // A background response answers at once, queued, and is billed later, where the
-            // proxy doesn't see it: its unseen input can't be learnt, nor settled (it had freed
-            // its turn as soon as it was queued, and been settled at its visible estimate).
-            if value.get("background").and_then(serde_json::Value::as_bool) == Some(true) {
-                return Err(Refusal::new(
-                    ErrorKind::Invalid,
-                    "tollgate-proxy: under a budget, a background call can't bring input the proxy can't see (a previous response, a file by reference, a server-side tool): it is billed after its answer, where the proxy doesn't see it; send it in the foreground",
-                ));
-            }
-            let who = tenant.map_or("-", |t| t.name.as_str()).to_owned();
-            // A model's snapshots are the model (`gpt-4o-2024-08-06` is gpt-4o's): each name
-            // had a turn of its own, so as many such calls went at once, each blind.
-            let model = estimated.model().map_or_else(
-                || "-".to_owned(),
-                |m| {
-                    model_entry(&upstream.config, &upstream.profile, m)
-                        .unwrap_or_else(|| m.to_owned())
-                },
-            );
-            let (mut most, turn) = shared.hidden.ceiling(&who, &model);
-            if most.is_none()
-                && let Some(shared_most) = shared.owners.ceiling_of(&who, &model).await
-            {
-                most = Some(shared.hidden.learned(&who, &model, shared_most));
-            }
-            match most {
-                Some(most) => unseen += most.saturating_sub(seen),
-                None => {
-                    let deadline = gate
-                        .deadline()
-                        .unwrap_or_else(|| Instant::now() + Duration::from_secs(3_600));
-                    match tokio::time::timeout_at(deadline, turn.acquire_owned()).await {
-                        // The call before it may have taught the ceiling while it waited:
-                        // then it goes at once, reserved at it.
-                        Ok(Ok(permit)) => match shared.hidden.ceiling(&who, &model).0 {
-                            Some(most) => {
-                                drop(permit);
-                                unseen += most.saturating_sub(seen);
-                            }
-                            None => alone = Some(permit),
-                        },
-                        _ => {
-                            upstream.metrics.local_429s.increment(1);
-                            return Err(Refusal {
-                                kind: ErrorKind::RateLimited(None),
-                                message: "tollgate-proxy: this call brings input the proxy can't see (a previous response, a file by reference, a server-side tool), and such calls of this tenant and model go one at a time until one has been billed; another is still in flight".to_owned(),
-                                retry_after: Some(Duration::from_secs(1)),
-                            });
-                        }
+    // A background response answers at once, queued, and is billed later, where the
+    // proxy doesn't see it: its unseen input can't be learnt, nor settled (it had freed
+    // its turn as soon as it was queued, and been settled at its visible estimate).
+    if value.get("background").and_then(serde_json::Value::as_bool) == Some(true) {
+        return Err(Reject::new(
+            ErrorKind::Invalid,
+            "tollgate-proxy: under a budget, a background call can't bring input the proxy can't see (a previous response, a file by reference, a server-side tool): it is billed after its answer, where the proxy doesn't see it; send it in the foreground",
+        ));
+    }
+    let who = tenant.map_or("-", |t| t.name.as_str()).to_owned();
+    // A model's snapshots are the model (`gpt-4o-2024-08-06` is gpt-4o's): each name
+    // had a turn of its own, so as many such calls went at once, each blind.
+    let model = estimated.model().map_or_else(
+        || "-".to_owned(),
+        |m| model_entry(&upstream.config, &upstream.profile, m).unwrap_or_else(|| m.to_owned()),
+    );
+    let (mut most, turn) = shared.hidden.ceiling(&who, &model);
+    if most.is_none()
+        && let Some(shared_most) = shared.owners.ceiling_of(&who, &model).await
+    {
+        most = Some(shared.hidden.learned(&who, &model, shared_most));
+    }
+    match most {
+        Some(most) => extra = most.saturating_sub(seen),
+        None => {
+            let deadline = upstream
+                .gate
+                .deadline()
+                .unwrap_or_else(|| Instant::now() + Duration::from_secs(3_600));
+            match tokio::time::timeout_at(deadline, turn.acquire_owned()).await {
+                // The call before it may have taught the ceiling while it waited:
+                // then it goes at once, reserved at it.
+                Ok(Ok(permit)) => match shared.hidden.ceiling(&who, &model).0 {
+                    Some(most) => {
+                        drop(permit);
+                        extra = most.saturating_sub(seen);
                     }
+                    None => alone = Some(permit),
+                },
+                _ => {
+                    upstream.metrics.local_429s.increment(1);
+                    return Err(Reject::new(
+                        ErrorKind::RateLimited(None),
+                        "tollgate-proxy: this call brings input the proxy can't see (a previous response, a file by reference, a server-side tool), and such calls of this tenant and model go one at a time until one has been billed; another is still in flight".to_owned(),
+                    )
+                    .retry_after(Duration::from_secs(1)));
                 }
             }
-            hidden = Some((who, model));
-        }
-        if unseen > 0 {
-            estimated = estimated.with_unseen_input(unseen);
         }
     }
+    Ok((extra, alone, (who, model)))
+}
+
+/// Refuses a model the upstream doesn't serve, where its configuration says so.
+fn refuse_unknown_model(
+    upstream: &ReadyUpstream,
+    parts: &http::request::Parts,
+    estimated: &Estimated,
+) -> Result<(), Reject> {
     if upstream.config.unknown_models == UnknownModels::Refuse {
         let named = match upstream.family {
             Family::Azure => model_of(Family::Azure, parts, &serde_json::Value::Null),
@@ -448,7 +397,7 @@ pub(crate) async fn prepare(
         if let Some(model) = named
             && model_entry(&upstream.config, &upstream.profile, model).is_none()
         {
-            return Err(Refusal::new(
+            return Err(Reject::new(
                 ErrorKind::Invalid,
                 format!(
                     "tollgate-proxy: upstream `{}` does not serve the model `{}`",
@@ -458,14 +407,23 @@ pub(crate) async fn prepare(
             ));
         }
     }
-    let mut attempts = Attempts::of(gate, estimated);
+    Ok(())
+}
+
+/// Pays the toll at the tenant's own windows (its tier's, at this upstream); what they held
+/// then is the view its answer's rate-limit headers show.
+async fn tenant_toll(
+    shared: &Shared,
+    upstream: &ReadyUpstream,
+    tenant: &Tenant,
+    attempts: &mut Attempts,
+) -> Result<Option<TenantView>, Reject> {
+    let gate = &upstream.gate;
     let mut tenant_view = None;
     // The tenant's own windows first: while it waits at the organization's key it holds
     // only its own tokens, never the organization's, so no order of waiting can deadlock,
     // and a tenant past its windows can't take the organization's line from the others.
-    if let Some(tenant) = tenant
-        && let Some(limits) = shared.tenant_limits(&tenant.name)
-    {
+    if let Some(limits) = shared.tenant_limits(&tenant.name) {
         let logical = format!("{}:{TENANT_PART}{}", upstream.name, tenant.name);
         shared.carry(&logical).await;
         let key = shared.store_key(&logical);
@@ -500,6 +458,16 @@ pub(crate) async fn prepare(
             });
         }
     }
+    Ok(tenant_view)
+}
+
+/// Reserves the call's price from every budget it spends from.
+async fn pay_budgets(
+    shared: &Shared,
+    upstream: &ReadyUpstream,
+    tenant: Option<&Tenant>,
+    attempts: &mut Attempts,
+) -> Result<(), Reject> {
     // Budgets never wait: a spent budget is answered as the provider answers a spent quota.
     // A pool's members' own budgets are paid by the member that serves the call, when it is
     // chosen (`forward.rs`): paid here, the first member's had paid for every member.
@@ -511,15 +479,10 @@ pub(crate) async fn prepare(
         if pooled && key.starts_with(&format!("{BUDGET}upstream:")) {
             continue;
         }
-        let permit = take_budget(shared, upstream, &attempts, &key, &limits, &named).await?;
+        let permit = take_budget(shared, upstream, attempts, &key, &limits, &named).await?;
         attempts.attach(permit);
     }
-    Ok(Prepared {
-        attempts,
-        tenant_view,
-        hidden,
-        alone,
-    })
+    Ok(())
 }
 
 /// The budget of `member` (its upstream's `spend`), paid for the call in `attempts` at once, if
@@ -528,7 +491,7 @@ pub(crate) async fn member_budget(
     shared: &Shared,
     member: &ReadyUpstream,
     attempts: &Attempts,
-) -> Result<Option<tollgate::Permit>, Refusal> {
+) -> Result<Option<tollgate::Permit>, Reject> {
     if member.config.spend.is_empty() {
         return Ok(None);
     }
@@ -553,7 +516,7 @@ async fn take_budget(
     key: &str,
     limits: &Limits,
     named: &str,
-) -> Result<tollgate::Permit, Refusal> {
+) -> Result<tollgate::Permit, Reject> {
     shared.carry(key).await;
     let key = shared.store_key(key);
     let limiter = shared
@@ -576,20 +539,20 @@ async fn take_budget(
                 .ok()
                 .and_then(|s| s.least(Currency::Spend))
                 .map_or(0, |l| u64::try_from(l.whole().max(0)).unwrap_or(0));
-            Err(Refusal {
-                kind: ErrorKind::BudgetSpent,
-                message: format!(
+            Err(Reject::new(
+                ErrorKind::BudgetSpent,
+                format!(
                     "tollgate-proxy: {named} is spent: {} left, and this call may cost up to {priced}; enough refills in {}",
                     Dollars(left),
                     human(wait)
                 ),
-                retry_after: Some(wait),
-            })
+            )
+            .retry_after(wait))
         }
         Err(Error::CostExceedsCapacity { .. }) => {
             upstream.metrics.budget_refusals.increment(1);
             shared.live.budget_refused(&key);
-            Err(Refusal::new(
+            Err(Reject::new(
                 ErrorKind::BudgetSpent,
                 format!(
                     "tollgate-proxy: this call may cost up to {priced}, more than {named} ever holds; lower max_tokens"

@@ -1,11 +1,14 @@
 //! Answers the proxy writes itself, in the shape the upstream's own clients read: OpenAI's
 //! `{"error": {...}}` or Anthropic's `{"type": "error", "error": {...}}`, with `retry-after`
-//! on a 429 so that the SDKs wait and retry as they would for the provider.
+//! on a 429 so that the SDKs wait and retry as they would for the provider. Every phase of a
+//! request that refuses it answers a [`Reject`]; [`Reject::answer`] is where one becomes a
+//! response.
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode};
+use metrics::Counter;
 use serde_json::json;
 
 use tollgate::Currency;
@@ -118,6 +121,61 @@ impl ErrorKind {
     }
 }
 
+/// Why the proxy answers a request itself: what went wrong, what the client is told, when it
+/// may try again, and the counter that counts such answers.
+#[derive(Debug)]
+pub(crate) struct Reject {
+    pub(crate) kind: ErrorKind,
+    pub(crate) message: String,
+    pub(crate) retry_after: Option<Duration>,
+    /// Counted once, when the rejection is answered.
+    pub(crate) counter: Option<Counter>,
+    /// The shape to answer in, where the phase that refused knew it before an upstream was
+    /// chosen (a path with no route).
+    pub(crate) shape: Option<Family>,
+}
+
+impl Reject {
+    /// A rejection with no retry-after and nothing counted.
+    pub(crate) fn new(kind: ErrorKind, message: impl Into<String>) -> Reject {
+        Reject {
+            kind,
+            message: message.into(),
+            retry_after: None,
+            counter: None,
+            shape: None,
+        }
+    }
+
+    /// The same, answered in `family`'s shape whatever the upstream's.
+    pub(crate) fn shaped(mut self, family: Family) -> Reject {
+        self.shape = Some(family);
+        self
+    }
+
+    /// The same, telling the client when it may try again.
+    pub(crate) fn retry_after(mut self, wait: Duration) -> Reject {
+        self.retry_after = Some(wait);
+        self
+    }
+
+    /// The same, counted in `counter` when answered.
+    pub(crate) fn counted(mut self, counter: &Counter) -> Reject {
+        self.counter = Some(counter.clone());
+        self
+    }
+
+    /// The answer in `family`'s shape (or its own): the one place a rejection becomes a
+    /// response.
+    pub(crate) fn answer(self, family: Family) -> Response<Relay> {
+        if let Some(counter) = &self.counter {
+            counter.increment(1);
+        }
+        let family = self.shape.unwrap_or(family);
+        answer(family, self.kind, &self.message, self.retry_after)
+    }
+}
+
 /// How `family`'s own 429s name the window of `currency` (OpenAI: "... on tokens per min
 /// (TPM)"; Anthropic: "... of 50,000 input tokens per minute"), for the proxy's message.
 pub(crate) fn window_words(family: Family, currency: Currency) -> &'static str {
@@ -150,7 +208,7 @@ pub(crate) fn body(family: Family, kind: ErrorKind, message: &str) -> Bytes {
 /// A whole error answer. A 429 carries `retry-after` (whole seconds, at least 1) and
 /// `retry-after-ms`, and `x-should-retry: true`, which the OpenAI and Anthropic SDKs read;
 /// `x-tollgate: local` says the proxy wrote it, not the provider.
-pub(crate) fn answer(
+fn answer(
     family: Family,
     kind: ErrorKind,
     message: &str,

@@ -16,10 +16,7 @@ use metrics::Counter;
 use tokio::time::{Instant, Sleep};
 use tollgate::http::MeteredBody;
 
-use crate::upstream::Upstream;
-
-/// An error of the body the client reads.
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use crate::upstream::{BoxError, UpstreamBody};
 
 /// A response body: one the proxy wrote, or the upstream's, metered or not.
 pub struct Relay {
@@ -45,7 +42,7 @@ struct Catch {
 
 enum Inner {
     Full(Option<Bytes>),
-    Plain(Watched<Gapped<Upstream>>),
+    Plain(Watched<Gapped<UpstreamBody>>),
     Metered {
         body: Watched<Draining>,
         /// A server-sent stream (for counting streams a client left).
@@ -69,7 +66,12 @@ impl Relay {
 
     /// The upstream's body, handed on unmetered; cut when the client stops reading it for
     /// `unread` (see [`Watched`]).
-    pub(crate) fn plain(body: Upstream, gap: Duration, stalled: Counter, unread: Unread) -> Relay {
+    pub(crate) fn plain(
+        body: UpstreamBody,
+        gap: Duration,
+        stalled: Counter,
+        unread: Unread,
+    ) -> Relay {
         Relay {
             inner: Inner::Plain(Watched::new(Gapped::new(body, gap, stalled), unread)),
             held: None,
@@ -81,7 +83,7 @@ impl Relay {
     /// The upstream's body, metered; read to its end by the proxy when the client leaves it
     /// early if `drain` (see [`Draining`]).
     pub(crate) fn metered(
-        body: Box<MeteredBody<Gapped<Upstream>>>,
+        body: Box<MeteredBody<Gapped<UpstreamBody>>>,
         stream: bool,
         left: Counter,
         unread: Unread,
@@ -507,7 +509,7 @@ const DRAIN_MOST: Duration = Duration::from_secs(600);
 /// its visible estimate (the provider bills the whole input of a call cut short). The output
 /// read on is within what the call reserved.
 pub(crate) struct Draining {
-    body: Option<Box<MeteredBody<Gapped<Upstream>>>>,
+    body: Option<Box<MeteredBody<Gapped<UpstreamBody>>>>,
     drain: bool,
 }
 

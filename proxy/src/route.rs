@@ -3,6 +3,7 @@
 //! fail closed: a path no upstream meters is refused with a hint at the likely mistake, unless
 //! the configuration passes such paths on.
 
+use crate::answer::{ErrorKind, Reject};
 use crate::config::{Family, OtherPaths, Upstream};
 
 /// Whether a call pays its toll.
@@ -157,6 +158,26 @@ pub(crate) fn speaks(headers: &http::HeaderMap) -> Option<Family> {
     } else {
         None
     }
+}
+
+/// The route phase: where the request goes, or why it goes nowhere (answered in the shape its
+/// client speaks).
+pub(crate) fn phase(
+    upstreams: &[Upstream],
+    other: OtherPaths,
+    head: &http::request::Parts,
+) -> Result<Route, Reject> {
+    let path_and_query = head.uri.path_and_query().map_or("/", |p| p.as_str());
+    route(upstreams, other, &head.method, &head.headers, path_and_query).map_err(|no| match no {
+        NoRoute::Malformed => Reject::new(
+            ErrorKind::Invalid,
+            "tollgate-proxy: this path is never forwarded (`..`, `//`, `;`, or a percent-encoding of anything but a letter, a digit or -._~)",
+        )
+        .shaped(speaks(&head.headers).unwrap_or(Family::OpenAi)),
+        NoRoute::Refused { hint, family } => {
+            Reject::new(ErrorKind::NotFound, hint).shaped(family)
+        }
+    })
 }
 
 /// The route of a request.

@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use http::HeaderMap;
 use sha2::{Digest, Sha256};
 
-use crate::config::{SECRET_HEADER, TenantFrom, Tenants, plain_name};
+use crate::answer::{ErrorKind, Reject};
+use crate::config::{KeyPaths, SECRET_HEADER, TenantFrom, Tenants, plain_name};
+use crate::route::RouteKind;
 
 /// The headers clients put their API key in: OpenAI's `Authorization: Bearer`, Anthropic's
 /// `x-api-key`, Azure's `api-key`, Google's `x-goog-api-key`.
@@ -155,6 +157,33 @@ impl Tenancy {
     /// Whether virtual keys stand for the upstream's key.
     pub(crate) fn has_virtual_keys(&self) -> bool {
         !self.virtual_keys.is_empty()
+    }
+
+    /// The tenant phase: the call's tenant (`None`: no tenants), and whether it may take a
+    /// route of `kind`: a virtual key reaches the routes it is allowed, metered and free ones
+    /// by default.
+    pub(crate) fn phase(
+        &self,
+        head: &http::request::Parts,
+        kind: RouteKind,
+        virtual_key_paths: KeyPaths,
+    ) -> Result<Option<Tenant>, Reject> {
+        let tenant = self
+            .tenant(&head.headers)
+            .map_err(|refused| Reject::new(ErrorKind::Unauthorized, refused.message()))?;
+        if tenant.as_ref().is_some_and(|t| t.virtual_key)
+            && kind == RouteKind::Passed
+            && virtual_key_paths == KeyPaths::Metered
+        {
+            return Err(Reject::new(
+                ErrorKind::NotFound,
+                format!(
+                    "tollgate-proxy: `{}` is not metered, and virtual keys reach only the metered routes (virtual_key_paths = \"any\" allows more)",
+                    head.uri.path()
+                ),
+            ));
+        }
+        Ok(tenant)
     }
 
     /// The tenant of a call (`None`: no tenants), or a refusal.

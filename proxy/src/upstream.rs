@@ -13,7 +13,8 @@ use http::header::{CONTENT_ENCODING, CONTENT_LENGTH};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use crate::relay::BoxError;
+/// An error of an upstream's body, and of the body the client reads.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// How much compressed input is decoded at a time, and how much decoded output one frame
 /// carries at most: a small frame that decodes to a great deal (a compression bomb) is handed
@@ -68,7 +69,7 @@ impl Decoder {
 }
 
 /// The upstream's body: a frame read ahead, then the rest, decoded when it must be.
-pub(crate) struct Upstream {
+pub(crate) struct UpstreamBody {
     first: Option<Frame<Bytes>>,
     /// The read ahead found the end.
     ended: bool,
@@ -80,9 +81,9 @@ pub(crate) struct Upstream {
     finished: bool,
 }
 
-impl Upstream {
-    pub(crate) fn new(incoming: Incoming) -> Upstream {
-        Upstream {
+impl UpstreamBody {
+    pub(crate) fn new(incoming: Incoming) -> UpstreamBody {
+        UpstreamBody {
             first: None,
             ended: false,
             incoming,
@@ -100,7 +101,7 @@ impl Upstream {
         mut self,
         headers: &mut HeaderMap,
         must_read: bool,
-    ) -> Result<Upstream, String> {
+    ) -> Result<UpstreamBody, String> {
         let codings: Vec<String> = headers
             .get_all(CONTENT_ENCODING)
             .iter()
@@ -167,7 +168,7 @@ impl Upstream {
     }
 }
 
-impl Body for Upstream {
+impl Body for UpstreamBody {
     type Data = Bytes;
     type Error = BoxError;
 
@@ -269,7 +270,7 @@ fn decoder_len(decoder: &mut Decoder) -> usize {
     }
 }
 
-fn decoder_finish(upstream: &mut Upstream) -> std::io::Result<()> {
+fn decoder_finish(upstream: &mut UpstreamBody) -> std::io::Result<()> {
     match upstream.decoder.as_mut() {
         Some(decoder) => decoder.finish(),
         None => Ok(()),

@@ -430,8 +430,18 @@ where
     Ok(Bytes::from(kept))
 }
 
-/// Whether a response is a server-sent event stream, by its content type.
-pub(crate) fn is_event_stream(headers: &http::HeaderMap) -> bool {
+/// Whether a response is a server-sent event stream, by its content type
+/// (`text/event-stream`, with or without parameters): the answers whose usage comes in their
+/// last events, and which a proxy must pass on as they come.
+///
+/// ```
+/// let mut headers = http::HeaderMap::new();
+/// headers.insert("content-type", "text/event-stream; charset=utf-8".parse().unwrap());
+/// assert!(tollgate::http::is_event_stream(&headers));
+/// headers.insert("content-type", "application/json".parse().unwrap());
+/// assert!(!tollgate::http::is_event_stream(&headers));
+/// ```
+pub fn is_event_stream(headers: &http::HeaderMap) -> bool {
     headers
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())

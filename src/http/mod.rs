@@ -131,7 +131,7 @@ mod usage;
 mod verdict;
 
 pub use attempt::{Attempts, Next};
-pub use body::MeteredBody;
+pub use body::{MeteredBody, is_event_stream};
 pub use call::{Call, SettledFn, Settlement};
 pub use gate::{Estimated, Gate, GateBuilder, KeyFn};
 pub use headers::{RateHeader, go_duration, rate_headers, retry_pause};
