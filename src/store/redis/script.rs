@@ -215,7 +215,7 @@ pub(super) enum Reply {
         now_ms: u64,
     },
     Synced {
-        synced: crate::store::Synced,
+        synced: Box<crate::store::Synced>,
         now_ms: u64,
     },
     Settled {
@@ -336,7 +336,7 @@ pub(super) fn parse_reply(value: Value) -> Option<Reply> {
                 },
             };
             Reply::Synced {
-                synced,
+                synced: Box::new(synced),
                 now_ms: uint(19)?,
             }
         }
