@@ -348,3 +348,56 @@ async fn the_gates_deadline_is_a_builder_setting() {
     assert!(matches!(second, Err(Error::Timeout { .. })), "{second:?}");
     assert_eq!(start.elapsed(), Duration::from_millis(500));
 }
+
+/// Refill is credited from when the provider counted a call, not from when it went out: a
+/// call into a full window, answered 2 s later after 1.8 s of the provider's own work
+/// (`openai-processing-ms`), reached it 100 ms after it went out (half the 0.2 s left of the
+/// round trip). The key's window started refilling when the call went out, the provider's
+/// when it counted it: those 100 ms of refill (10 tokens) are the key's alone, taken off once,
+/// and the count (exactly the call, on a full window) finds nothing else spent. Both windows
+/// then hold the same: 190 tokens of refill since the call. Before, the key kept the 10
+/// tokens, and a count read against the send time found them spent elsewhere instead.
+#[tokio::test(start_paused = true)]
+async fn refill_is_credited_from_when_the_provider_counted_the_call() {
+    let registry = Arc::new(Registry::new(MemoryStore::new()));
+    let limits = "|6000/m";
+    let gate = gate_on(&registry, limits, false);
+    let mut call = send(&gate, &chat(300, 1)).await;
+    let cost = call.cost().unwrap().tokens;
+    tokio::time::advance(Duration::from_secs(2)).await;
+    call.respond(
+        StatusCode::OK,
+        &remaining_after(6_000 - cost, Duration::from_millis(1_800)),
+        None,
+    )
+    .await;
+    assert_eq!(
+        tokens_left(&registry, limits).await,
+        i128::from(6_000 - cost + 190)
+    );
+    // Taken off once: the settlement gives nothing more back, nor takes it again.
+    call.finish(used(cost)).await.unwrap();
+    assert_eq!(
+        tokens_left(&registry, limits).await,
+        i128::from(6_000 - cost + 190)
+    );
+}
+
+/// Without a sync (the macro, a gate whose answers carry no counts), a call that found its
+/// window full gives the same refill back when it settles: here half the time from its
+/// admission to its settlement (1 s of 2 s: 100 tokens).
+#[tokio::test(start_paused = true)]
+async fn without_a_sync_the_settlement_credits_from_half_the_round_trip() {
+    let registry = Arc::new(Registry::new(MemoryStore::new()));
+    let limits = "|6000/m";
+    let gate = gate_on(&registry, limits, false);
+    let mut call = send(&gate, &chat(300, 1)).await;
+    let cost = call.cost().unwrap().tokens;
+    tokio::time::advance(Duration::from_secs(2)).await;
+    call.respond(StatusCode::OK, &HeaderMap::new(), None).await;
+    call.finish(used(cost)).await.unwrap();
+    assert_eq!(
+        tokens_left(&registry, limits).await,
+        i128::from(6_000 - cost + 200 - 100)
+    );
+}
