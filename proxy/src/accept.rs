@@ -29,7 +29,7 @@ use tollgate::MemoryStore;
 use tollgate::store::AnyStore;
 
 use crate::config::Config;
-use crate::proxy::handle;
+use crate::pipeline::handle;
 use crate::state::{Current, Lasting, ReloadError, Shared, StartError};
 
 /// A proxy bound to its address, not yet serving.

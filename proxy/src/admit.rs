@@ -12,7 +12,6 @@ use tollgate::{Attempt, Cost, Currency, Dollars, Error, Limiter, Limits, Rates, 
 use crate::answer::{ErrorKind, Reject};
 use crate::config::{Family, UnknownModels};
 use crate::exchange::Exchange;
-use crate::head::upstream_head;
 use crate::keys::{BUDGET, TENANT_PART};
 use crate::state::{ReadyUpstream, Shared, model_entry, model_of};
 use crate::tenant::Tenant;
@@ -109,6 +108,8 @@ pub(crate) struct TenantView {
 
 /// A prepared call: its attempts, and its tenant's windows when it has some.
 pub(crate) struct Prepared {
+    /// The request's head at its upstream (without `accept-encoding`), as the gate read it.
+    pub(crate) head: http::request::Parts,
     pub(crate) attempts: Attempts,
     pub(crate) tenant_view: Option<TenantView>,
     /// The call brings inputs the proxy can't see: its tenant and model, whose ceiling its
@@ -221,15 +222,17 @@ fn human(wait: Duration) -> String {
     }
 }
 
-/// The toll phase: the metered request read as its upstream will read it (see [`prepare`]).
-pub(crate) async fn toll(exchange: &Exchange<'_>) -> Result<Prepared, Reject> {
+/// The toll phase: the metered request, with its `head` upstream, read as its upstream will
+/// read it (see [`prepare`]).
+pub(crate) async fn toll(
+    exchange: &Exchange<'_>,
+    mut head: http::request::Parts,
+) -> Result<Prepared, Reject> {
     let (shared, upstream) = (exchange.shared, &exchange.upstream);
-    let client = exchange.client.clone();
-    let mut head = upstream_head(shared, upstream, client, &exchange.route.path)?;
     // The usage can only be read from bytes as they were written.
     head.headers.remove(http::header::ACCEPT_ENCODING);
     let tenant = exchange.tenant.as_ref();
-    prepare(shared, upstream, tenant, &head, &exchange.body).await
+    prepare(shared, upstream, tenant, head, &exchange.body).await
 }
 
 /// Reads a metered request for its upstream, pays its tenant's toll (its tier's windows, at
@@ -239,9 +242,10 @@ async fn prepare(
     shared: &Shared,
     upstream: &ReadyUpstream,
     tenant: Option<&Tenant>,
-    parts: &http::request::Parts,
+    head: http::request::Parts,
     body: &Bytes,
 ) -> Result<Prepared, Reject> {
+    let parts = &head;
     let gate = &upstream.gate;
     let estimated = gate
         .read(parts, body)
@@ -256,6 +260,7 @@ async fn prepare(
     };
     pay_budgets(shared, upstream, tenant, &mut attempts).await?;
     Ok(Prepared {
+        head,
         attempts,
         tenant_view,
         hidden,

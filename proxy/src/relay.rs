@@ -698,6 +698,48 @@ pub(crate) fn mask_headers(secrets: &Secrets, headers: &mut http::HeaderMap) {
     }
 }
 
+/// The upstream's answer as the client gets it: its head without the headers that belong to
+/// the proxy's connection with the upstream, and `body`.
+pub(crate) fn relayed(head: http::response::Parts, body: Relay) -> http::Response<Relay> {
+    let mut response = http::Response::new(body);
+    *response.status_mut() = head.status;
+    let mut headers = head.headers;
+    strip_hop_by_hop(&mut headers);
+    *response.headers_mut() = headers;
+    response
+}
+
+/// The headers that belong to one connection, never forwarded (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Removes the headers that belong to one connection, and those its `connection` header
+/// names: neither a request nor an answer carries them on to the next hop.
+pub(crate) fn strip_hop_by_hop(headers: &mut http::HeaderMap) {
+    let named: Vec<http::HeaderName> = headers
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| http::HeaderName::try_from(name.trim()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

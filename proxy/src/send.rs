@@ -19,22 +19,12 @@ use tollgate::http::{Attempts, Call, MeteredBody, Next, Profile, Verdict};
 use crate::admit::{Prepared, TenantView};
 use crate::answer::{ErrorKind, Reject};
 use crate::exchange::Exchange;
-use crate::head::{strip_hop_by_hop, upstream_head};
+use crate::head::upstream_head;
 use crate::pool::{Members, NotAdmitted};
-use crate::relay::{Gapped, Relay, Unread};
+use crate::relay::{Gapped, Relay, Unread, relayed};
 use crate::settle::CallLog;
 use crate::state::ReadyUpstream;
 use crate::upstream::UpstreamBody;
-
-/// The upstream's answer as the client gets it.
-fn relayed(head: http::response::Parts, body: Relay) -> Response<Relay> {
-    let mut response = Response::new(body);
-    *response.status_mut() = head.status;
-    let mut headers = head.headers;
-    strip_hop_by_hop(&mut headers);
-    *response.headers_mut() = headers;
-    response
-}
 
 fn unreachable_upstream(
     upstream: &ReadyUpstream,
@@ -78,16 +68,13 @@ fn silent_upstream(upstream: &ReadyUpstream) -> Reject {
     .counted(&upstream.metrics.upstream_timeouts)
 }
 
-/// Sends an unmetered request (a free route, or a path passed on), bounded by the upstream's
+/// Sends an unmetered request (a free route, or a path passed on) with its `head` upstream, bounded by the upstream's
 /// timeout for its head and its chunk timeout for its body.
-pub(crate) async fn unmetered(exchange: &Exchange<'_>) -> Result<Response<Relay>, Reject> {
+pub(crate) async fn unmetered(
+    exchange: &Exchange<'_>,
+    head: http::request::Parts,
+) -> Result<Response<Relay>, Reject> {
     let (shared, upstream) = (exchange.shared, &exchange.upstream);
-    let head = upstream_head(
-        shared,
-        upstream,
-        exchange.client.clone(),
-        &exchange.route.path,
-    )?;
     let request = Request::from_parts(head, Full::new(exchange.body.clone()));
     let deadline = Instant::now() + upstream.config.timeout;
     let response = match tokio::time::timeout_at(deadline, upstream.client.request(request)).await {
@@ -164,6 +151,7 @@ pub(crate) async fn metered(
     prepared: Prepared,
 ) -> Result<Response<Relay>, Reject> {
     let Prepared {
+        head,
         mut attempts,
         tenant_view,
         hidden,
@@ -179,6 +167,7 @@ pub(crate) async fn metered(
         members: Members::of(exchange, attempts.estimated().model()),
         deadline: attempts.deadline(),
         attempts,
+        head,
         upstream: Arc::clone(&exchange.upstream),
         log,
         tenant_view,
@@ -199,6 +188,8 @@ struct Sender<'e, 's> {
     exchange: &'e Exchange<'s>,
     members: Members<'e>,
     attempts: Attempts,
+    /// The request's head at its own upstream, as the toll read it.
+    head: http::request::Parts,
     /// The upstream (or pool member) of the latest attempt.
     upstream: Arc<ReadyUpstream>,
     deadline: Option<Instant>,
@@ -299,10 +290,16 @@ impl Sender<'_, '_> {
         call: &mut Call,
     ) -> Result<Request<Full<Bytes>>, Reject> {
         let exchange = self.exchange;
-        let client = exchange.client.clone();
-        let mut head = upstream_head(exchange.shared, upstream, client, &exchange.route.path)?;
-        // The usage can only be read from bytes as they were written.
-        head.headers.remove(header::ACCEPT_ENCODING);
+        // The head the toll read serves its own upstream; a pool's other member gets its own.
+        let mut head = if upstream.name == exchange.upstream.name {
+            self.head.clone()
+        } else {
+            let client = exchange.client.clone();
+            let mut head = upstream_head(exchange.shared, upstream, client, &exchange.route.path)?;
+            // The usage can only be read from bytes as they were written.
+            head.headers.remove(header::ACCEPT_ENCODING);
+            head
+        };
         let body = match call.body() {
             Some(rewritten) => {
                 call.rewrite_headers(&mut head.headers);

@@ -1,9 +1,10 @@
 //! One request through the proxy, phase by phase, each in a file of its own and each answering
 //! a [`Reject`] when it refuses: the route (`route.rs`), the tenant (`tenant.rs`), the body
-//! (`body.rs`), the stored objects it names (`owned.rs`), the toll (`admit.rs`), the sending
-//! (`send.rs`, with `pool.rs` choosing a pool's member), and the body the client reads
-//! (`relay.rs`). A rejection becomes an answer in one place, here, through
-//! [`Reject::answer`].
+//! (`body.rs`), the stored objects it names (`owned.rs`), its head upstream (`head.rs`), the
+//! toll (`admit.rs`), the sending (`send.rs`, with `pool.rs` choosing a pool's member), and the
+//! body the client reads (`relay.rs`). A rejection becomes an answer in one place, here,
+//! through [`Reject::answer`]; the labels a request is counted and logged under are filled
+//! here as the phases learn them.
 
 use std::sync::Arc;
 
@@ -11,7 +12,8 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 use crate::answer::Reject;
-use crate::exchange::{Exchange, Labels};
+use crate::config::Family;
+use crate::exchange::Exchange;
 use crate::metrics::ProxyMetrics;
 use crate::relay::Relay;
 use crate::route::RouteKind;
@@ -31,10 +33,16 @@ pub(crate) async fn handle(
         Ok(response) => response,
         Err(reject) => reject.answer(labels.family),
     };
+    // Nothing the organisation holds reaches a client: an upstream that echoes the real key
+    // (in a header, an error, a stream) has it masked on the way.
+    let (mut parts, body) = response.into_parts();
+    let local = parts.headers.contains_key("x-tollgate") || labels.route == "service";
+    crate::relay::mask_headers(&shared.secrets, &mut parts.headers);
+    let response = Response::from_parts(parts, body.holding(in_flight).scrubbing(&shared.secrets));
     let upstream = labels.upstream.as_deref().unwrap_or("-");
     let status = response.status().as_u16();
     ProxyMetrics::request(upstream, labels.route, status);
-    if response.headers().contains_key("x-tollgate") || labels.route == "service" {
+    if local {
         tracing::info!(
             %method,
             route = labels.route,
@@ -45,11 +53,26 @@ pub(crate) async fn handle(
             "request",
         );
     }
-    // Nothing the organisation holds reaches a client: an upstream that echoes the real key
-    // (in a header, an error, a stream) has it masked on the way.
-    let (mut parts, body) = response.into_parts();
-    crate::relay::mask_headers(&shared.secrets, &mut parts.headers);
-    Response::from_parts(parts, body.holding(in_flight).scrubbing(&shared.secrets))
+    response
+}
+
+/// What a request is counted and logged under, and the shape a rejection is answered in.
+struct Labels {
+    /// The upstream's name, once the route chose one.
+    upstream: Option<String>,
+    /// The route's name: `service`, `refused` before a route is found, `chat`, ...
+    route: &'static str,
+    family: Family,
+}
+
+impl Default for Labels {
+    fn default() -> Labels {
+        Labels {
+            upstream: None,
+            route: "refused",
+            family: Family::OpenAi,
+        }
+    }
 }
 
 /// The request through its phases (a service path is answered at once), filling `labels` as
@@ -86,10 +109,16 @@ async fn through(
         body,
     };
     let mut creates = crate::owned::check_unmetered(&exchange).await?;
+    let head = crate::head::upstream_head(
+        shared,
+        &exchange.upstream,
+        exchange.client.clone(),
+        &exchange.route.path,
+    )?;
     let response = match exchange.route.kind {
-        RouteKind::Free | RouteKind::Passed => crate::send::unmetered(&exchange).await?,
+        RouteKind::Free | RouteKind::Passed => crate::send::unmetered(&exchange, head).await?,
         RouteKind::Metered => {
-            let prepared = crate::admit::toll(&exchange).await?;
+            let prepared = crate::admit::toll(&exchange, head).await?;
             if exchange.tenant.is_some() {
                 // Nothing is sent if it is refused: the tenant's charges come back.
                 let read = prepared.attempts.estimated().body();
