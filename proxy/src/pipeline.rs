@@ -88,7 +88,7 @@ async fn through(
         return Ok(response);
     }
     let (client, incoming) = request.into_parts();
-    let route = crate::route::phase(&shared.routes, shared.other, &client)?;
+    let route = shared.routes.phase(&client)?;
     let upstream = Arc::clone(&shared.upstreams[route.upstream]);
     labels.upstream = Some(upstream.name.clone());
     labels.route = route.name;
