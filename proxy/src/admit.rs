@@ -11,6 +11,7 @@ use tollgate::{Attempt, Cost, Currency, Dollars, Error, Limiter, Limits, Rates, 
 
 use crate::answer::{ErrorKind, Reject};
 use crate::config::{Family, UnknownModels};
+use crate::exchange::CallPool;
 use crate::exchange::Exchange;
 use crate::keys::{BUDGET, TENANT_PART};
 use crate::state::{ReadyUpstream, Shared, model_entry, model_of};
@@ -106,7 +107,8 @@ pub(crate) struct TenantView {
     pub(crate) at: Instant,
 }
 
-/// A prepared call: its attempts, and its tenant's windows when it has some.
+/// A prepared call: its head, its attempts, its pool and budgets, and its tenant's windows
+/// when it has some: what the toll worked out once, for every attempt and the settlement.
 pub(crate) struct Prepared {
     /// The request's head at its upstream (without `accept-encoding`), as the gate read it.
     pub(crate) head: http::request::Parts,
@@ -117,6 +119,10 @@ pub(crate) struct Prepared {
     pub(crate) hidden: Option<(String, String)>,
     /// Its turn, while such calls go one at a time: held until it settles.
     pub(crate) alone: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// The pool of its upstream for its model (no members: it has none).
+    pub(crate) pool: CallPool,
+    /// The keys of the budgets it spends from (see [`budgets`]).
+    pub(crate) budgets: Vec<String>,
 }
 
 /// On Azure the body's `model` (often absent) is not what reads the images: the deployment's
@@ -223,7 +229,8 @@ fn human(wait: Duration) -> String {
 }
 
 /// The toll phase: the metered request, with its `head` upstream, read as its upstream will
-/// read it (see [`prepare`]).
+/// read it; its pool and its budgets worked out once; its toll paid at its tenant's windows
+/// and its budgets (see [`prepare`]).
 pub(crate) async fn toll(
     exchange: &Exchange<'_>,
     mut head: http::request::Parts,
@@ -232,39 +239,65 @@ pub(crate) async fn toll(
     // The usage can only be read from bytes as they were written.
     head.headers.remove(http::header::ACCEPT_ENCODING);
     let tenant = exchange.tenant.as_ref();
-    prepare(shared, upstream, tenant, head, &exchange.body).await
+    let budgets = budgets(shared, upstream, tenant);
+    let estimated = upstream
+        .gate
+        .read(&head, &exchange.body)
+        .map_err(|err| refusal(shared, upstream, &err, None))?;
+    let pool = pool_of(shared, upstream, estimated.model());
+    prepare(exchange, head, estimated, pool, budgets).await
 }
 
-/// Reads a metered request for its upstream, pays its tenant's toll (its tier's windows, at
-/// this upstream) and reserves its price from every budget it spends from: the attempts to
-/// forward it.
+/// The pool of `upstream` for a call of `model`.
+fn pool_of(shared: &Shared, upstream: &ReadyUpstream, model: Option<&str>) -> CallPool {
+    let pool = shared.config.pool_of(&upstream.name, model);
+    CallPool {
+        members: pool
+            .iter()
+            .flat_map(|p| p.members.iter())
+            .filter_map(|name| shared.upstream_named(name).cloned())
+            .collect(),
+        ejection: pool.map(|p| p.ejection).unwrap_or_default(),
+        attempt_timeout: pool.and_then(|p| p.attempt_timeout),
+    }
+}
+
+/// Reserves what the gate's estimate leaves out, refuses a model the upstream doesn't serve,
+/// pays the tenant's toll (its tier's windows, at this upstream) and reserves the call's price
+/// from every budget it spends from: the attempts to forward it.
 async fn prepare(
-    shared: &Shared,
-    upstream: &ReadyUpstream,
-    tenant: Option<&Tenant>,
+    exchange: &Exchange<'_>,
     head: http::request::Parts,
-    body: &Bytes,
+    estimated: Estimated,
+    pool: CallPool,
+    budgets: Vec<(String, Limits, String)>,
 ) -> Result<Prepared, Reject> {
-    let parts = &head;
-    let gate = &upstream.gate;
-    let estimated = gate
-        .read(parts, body)
-        .map_err(|err| refusal(shared, upstream, &err, None))?;
-    let (estimated, hidden, alone) =
-        reserve_unseen(shared, upstream, tenant, parts, body, estimated).await?;
-    refuse_unknown_model(upstream, parts, &estimated)?;
-    let mut attempts = Attempts::of(gate, estimated);
+    let (shared, upstream) = (exchange.shared, &exchange.upstream);
+    let tenant = exchange.tenant.as_ref();
+    let body = &exchange.body;
+    // A pool's members' own budgets are paid by the member that serves the call.
+    let pooled_budgets = pool.members.iter().any(|m| !m.config.spend.is_empty());
+    let (estimated, hidden, alone) = if pooled_budgets || !budgets.is_empty() {
+        reserve_unseen(shared, upstream, tenant, &head, body, estimated).await?
+    } else {
+        (estimated, None, None)
+    };
+    refuse_unknown_model(upstream, &head, &estimated)?;
+    let mut attempts = Attempts::of(&upstream.gate, estimated);
     let tenant_view = match tenant {
         Some(tenant) => tenant_toll(shared, upstream, tenant, &mut attempts).await?,
         None => None,
     };
-    pay_budgets(shared, upstream, tenant, &mut attempts).await?;
+    let pooled = !pool.members.is_empty();
+    pay_budgets(shared, upstream, pooled, &budgets, &mut attempts).await?;
     Ok(Prepared {
         head,
         attempts,
         tenant_view,
         hidden,
         alone,
+        pool,
+        budgets: budgets.into_iter().map(|(key, _, _)| key).collect(),
     })
 }
 
@@ -276,7 +309,8 @@ type Unseen = (
     Option<OwnedSemaphorePermit>,
 );
 
-/// Input the gate's estimate leaves out, under a budget, reserved from the budgets beside it:
+/// Input the gate's estimate leaves out, reserved from the budgets beside it (asked only under
+/// a budget, its own or a pool member's):
 /// the images an Azure deployment bills by its own model's rule, and inputs the proxy can't
 /// see, reserved at what such calls were billed before, or, until one has settled, one call
 /// at a time.
@@ -288,19 +322,6 @@ async fn reserve_unseen(
     body: &Bytes,
     estimated: Estimated,
 ) -> Result<Unseen, Reject> {
-    let pooled_budgets = shared
-        .config
-        .pool_of(&upstream.name, estimated.model())
-        .is_some_and(|pool| {
-            pool.members.iter().any(|m| {
-                shared
-                    .upstream_named(m)
-                    .is_some_and(|u| !u.config.spend.is_empty())
-            })
-        });
-    if !pooled_budgets && budgets(shared, upstream, tenant).is_empty() {
-        return Ok((estimated, None, None));
-    }
     let read = estimated.body().map_or(&body[..], |b| &b[..]);
     let value = crate::lenient::read(read);
     let images = azure_images_missed(upstream, parts, &value, estimated.model());
@@ -470,21 +491,18 @@ async fn tenant_toll(
 async fn pay_budgets(
     shared: &Shared,
     upstream: &ReadyUpstream,
-    tenant: Option<&Tenant>,
+    pooled: bool,
+    budgets: &[(String, Limits, String)],
     attempts: &mut Attempts,
 ) -> Result<(), Reject> {
     // Budgets never wait: a spent budget is answered as the provider answers a spent quota.
     // A pool's members' own budgets are paid by the member that serves the call, when it is
-    // chosen (`forward.rs`): paid here, the first member's had paid for every member.
-    let pooled = shared
-        .config
-        .pool_of(&upstream.name, attempts.estimated().model())
-        .is_some();
-    for (key, limits, named) in budgets(shared, upstream, tenant) {
+    // chosen (`pool.rs`): paid here, the first member's had paid for every member.
+    for (key, limits, named) in budgets {
         if pooled && key.starts_with(&format!("{BUDGET}upstream:")) {
             continue;
         }
-        let permit = take_budget(shared, upstream, attempts, &key, &limits, &named).await?;
+        let permit = take_budget(shared, upstream, attempts, key, limits, named).await?;
         attempts.attach(permit);
     }
     Ok(())

@@ -118,13 +118,14 @@ async fn through(
     let response = match exchange.route.kind {
         RouteKind::Free | RouteKind::Passed => crate::send::unmetered(&exchange, head).await?,
         RouteKind::Metered => {
-            let prepared = crate::admit::toll(&exchange, head).await?;
+            let mut prepared = crate::admit::toll(&exchange, head).await?;
             if exchange.tenant.is_some() {
                 // Nothing is sent if it is refused: the tenant's charges come back.
                 let read = prepared.attempts.estimated().body();
                 creates = crate::owned::check(&exchange, read.unwrap_or(&exchange.body)).await?;
             }
-            crate::send::metered(&exchange, prepared).await?
+            let log = crate::settle::on_settled(&exchange, &mut prepared);
+            crate::send::metered(&exchange, prepared, log).await?
         }
     };
     Ok(match (creates, exchange.tenant) {

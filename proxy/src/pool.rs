@@ -11,21 +11,18 @@ use tollgate::http::{Attempts, Call};
 
 use crate::answer::Reject;
 use crate::config::Family;
-use crate::exchange::Exchange;
-use crate::health::Ejection;
+use crate::exchange::CallPool;
 use crate::state::{ReadyUpstream, Shared, key_of};
 
-/// A call's pool, as that call sees it: its members (none: the call has no pool), those that
-/// failed it, and the pool's rules.
+/// A call's pool, as that call sees it: its members, those that failed it, and the pool's
+/// rules.
 pub(crate) struct Members<'a> {
-    shared: &'a Shared,
+    pub(crate) shared: &'a Shared,
     /// The client's head (an Azure member's key is named after the deployment in its path).
-    client: &'a http::request::Parts,
-    members: Vec<Arc<ReadyUpstream>>,
-    failed: Vec<String>,
-    ejection: Ejection,
-    /// How long one attempt may wait for its first byte.
-    attempt_timeout: Option<Duration>,
+    pub(crate) client: &'a http::request::Parts,
+    pub(crate) pool: CallPool,
+    /// The members that failed the call.
+    pub(crate) failed: Vec<String>,
 }
 
 /// Why a call was not admitted at its upstream, or at any member of its pool.
@@ -37,37 +34,19 @@ pub(crate) enum NotAdmitted {
 }
 
 impl<'a> Members<'a> {
-    /// The pool of the exchange's upstream for a call of `model`.
-    pub(crate) fn of(exchange: &'a Exchange<'_>, model: Option<&str>) -> Members<'a> {
-        let shared: &'a Shared = exchange.shared;
-        let pool = shared.config.pool_of(&exchange.upstream.name, model);
-        Members {
-            shared,
-            client: &exchange.client,
-            members: pool
-                .iter()
-                .flat_map(|p| p.members.iter())
-                .filter_map(|name| shared.upstream_named(name).cloned())
-                .collect(),
-            failed: Vec::new(),
-            ejection: pool.map(|p| p.ejection).unwrap_or_default(),
-            attempt_timeout: pool.and_then(|p| p.attempt_timeout),
-        }
-    }
-
     /// Whether the call has a pool.
     pub(crate) fn pooled(&self) -> bool {
-        !self.members.is_empty()
+        !self.pool.members.is_empty()
     }
 
     /// Whether a member the call has not yet failed at is left, beside the one it is at.
     pub(crate) fn another(&self) -> bool {
-        self.members.len() > self.failed.len() + 1
+        self.pool.members.len() > self.failed.len() + 1
     }
 
     /// Whether a member the call has not yet failed at is left.
     pub(crate) fn any_left(&self) -> bool {
-        self.members.len() > self.failed.len()
+        self.pool.members.len() > self.failed.len()
     }
 
     /// How long an attempt at `member` may wait for its answer's first byte, from `sent`, for
@@ -92,6 +71,7 @@ impl<'a> Members<'a> {
             }
             let left = deadline.saturating_duration_since(sent);
             let share = self
+                .pool
                 .attempt_timeout
                 .unwrap_or_else(|| left / u32::try_from(others + 1).unwrap_or(u32::MAX));
             (sent + share).min(deadline)
@@ -117,7 +97,7 @@ impl<'a> Members<'a> {
         attempts: &mut Attempts,
         current: &Arc<ReadyUpstream>,
     ) -> Result<(Arc<ReadyUpstream>, Call), NotAdmitted> {
-        if self.members.is_empty() {
+        if self.pool.members.is_empty() {
             let key = attempts.estimated().key();
             self.shared
                 .carry(key.split('@').next().unwrap_or(key))
@@ -172,6 +152,7 @@ impl<'a> Members<'a> {
     fn candidates(&self) -> Vec<Arc<ReadyUpstream>> {
         let now = Instant::now();
         let untried: Vec<Arc<ReadyUpstream>> = self
+            .pool
             .members
             .iter()
             .filter(|m| !self.failed.contains(&m.name))
@@ -187,7 +168,7 @@ impl<'a> Members<'a> {
         } else if !untried.is_empty() {
             untried
         } else {
-            self.members.clone()
+            self.pool.members.clone()
         };
         let start = self.shared.next_member.fetch_add(1, Ordering::Relaxed);
         let count = candidates.len();
@@ -231,7 +212,8 @@ impl<'a> Members<'a> {
     /// Members other than `member` this call could still move to (not failed it, not ejected).
     fn others(&self, member: &ReadyUpstream) -> usize {
         let now = Instant::now();
-        self.members
+        self.pool
+            .members
             .iter()
             .filter(|m| m.name != member.name && !self.failed.contains(&m.name))
             .filter(|m| !m.health.ejected(now))
@@ -250,9 +232,9 @@ impl<'a> Members<'a> {
         self.failed.push(member.name.clone());
         let now = Instant::now();
         let ejected = if spent_quota {
-            member.health.spent(now, self.ejection)
+            member.health.spent(now, self.pool.ejection)
         } else {
-            member.health.failed(now, self.ejection)
+            member.health.failed(now, self.pool.ejection)
         };
         if let Some(time) = ejected {
             member.metrics.ejected.increment(1);

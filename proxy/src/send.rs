@@ -149,22 +149,27 @@ fn tenant_headers(profile: &Profile, view: &TenantView, headers: &mut HeaderMap)
 pub(crate) async fn metered(
     exchange: &Exchange<'_>,
     prepared: Prepared,
+    log: Arc<Mutex<CallLog>>,
 ) -> Result<Response<Relay>, Reject> {
     let Prepared {
         head,
-        mut attempts,
+        attempts,
         tenant_view,
         hidden,
-        alone,
+        pool,
+        ..
     } = prepared;
     let started = Instant::now();
-    let log = Arc::new(Mutex::new(CallLog::of(exchange, &attempts)));
     // Its bill teaches what such calls cost: read to its end even if the client leaves it.
     let drain = hidden.is_some();
-    crate::settle::on_settled(exchange, &mut attempts, &log, hidden, alone);
     let mut sender = Sender {
         exchange,
-        members: Members::of(exchange, attempts.estimated().model()),
+        members: Members {
+            shared: exchange.shared,
+            client: &exchange.client,
+            pool,
+            failed: Vec::new(),
+        },
         deadline: attempts.deadline(),
         attempts,
         head,
