@@ -1,9 +1,9 @@
 //! The body the client reads: one the proxy wrote, or the upstream's, handed on as it comes.
 //! A metered one goes through the library's [`MeteredBody`] body (usage read on the way, the call
-//! settled at its end, generated text counted when no usage comes); every upstream body is cut
-//! when it goes silent longer than its upstream's `chunk_timeout`.
+//! settled at its end, generated text counted when no usage comes), and every one is cut when
+//! its client stops reading it. The answer's head goes on without the headers that belong to
+//! one connection (a rule the request's head, going upstream, keeps too).
 
-use std::future::Future as _;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -13,10 +13,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use metrics::Counter;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 use tollgate::http::MeteredBody;
 
-use crate::upstream::{BoxError, UpstreamBody};
+use crate::upstream::{BoxError, Gapped, UpstreamBody};
 
 /// A response body: one the proxy wrote, or the upstream's, metered or not.
 pub struct Relay {
@@ -327,79 +327,6 @@ impl Drop for Relay {
         {
             left.increment(1);
         }
-    }
-}
-
-/// A body that fails when it goes `gap` without a frame: an upstream that stalls can't hold
-/// the client (or the proxy) for ever.
-pub(crate) struct Gapped<B> {
-    inner: B,
-    gap: Duration,
-    timer: Pin<Box<Sleep>>,
-    stalled: Counter,
-}
-
-impl<B> Gapped<B> {
-    pub(crate) fn new(inner: B, gap: Duration, stalled: Counter) -> Gapped<B> {
-        Gapped {
-            inner,
-            gap,
-            timer: Box::pin(tokio::time::sleep(gap)),
-            stalled,
-        }
-    }
-}
-
-/// An upstream body that went silent too long.
-#[derive(Debug)]
-pub(crate) struct Stalled(Duration);
-
-impl std::fmt::Display for Stalled {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "the upstream sent nothing for {:?}; its answer was cut",
-            self.0
-        )
-    }
-}
-
-impl std::error::Error for Stalled {}
-
-impl<B> Body for Gapped<B>
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<BoxError>,
-{
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(frame) => {
-                this.timer.as_mut().reset(Instant::now() + this.gap);
-                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
-            }
-            Poll::Pending => match this.timer.as_mut().poll(cx) {
-                Poll::Ready(()) => {
-                    this.stalled.increment(1);
-                    Poll::Ready(Some(Err(Box::new(Stalled(this.gap)))))
-                }
-                Poll::Pending => Poll::Pending,
-            },
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 

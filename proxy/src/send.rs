@@ -21,9 +21,10 @@ use crate::answer::{ErrorKind, Reject};
 use crate::exchange::Exchange;
 use crate::head::upstream_head;
 use crate::pool::{Members, NotAdmitted};
-use crate::relay::{Gapped, Relay, Unread, relayed};
+use crate::relay::{Relay, Unread, relayed};
 use crate::settle::CallLog;
 use crate::state::ReadyUpstream;
+use crate::upstream::Gapped;
 use crate::upstream::UpstreamBody;
 
 fn unreachable_upstream(
