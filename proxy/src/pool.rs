@@ -1,6 +1,8 @@
 //! Choosing where a call goes: its upstream, or the member of its pool that can admit it
 //! soonest. Members that failed the call are passed over by it; members that keep failing are
 //! ejected for a while; a member's own budget is paid by the member that serves the call.
+//! Each attempt asks once, and is handed its turn: the member, the call admitted there, and
+//! how many other members it could still move to.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -25,6 +27,22 @@ pub(crate) struct Members<'a> {
     pub(crate) failed: Vec<String>,
 }
 
+/// An attempt's turn at a member, as the pool hands it back.
+pub(crate) struct Turn {
+    pub(crate) member: Arc<ReadyUpstream>,
+    /// The call, admitted at the member's key (and paid from its budget).
+    pub(crate) call: Call,
+    /// Members other than this one the call could still move to (not failed it, not
+    /// ejected); none without a pool.
+    pub(crate) others: usize,
+    /// Whether a member the call has not yet failed at is left beside this one.
+    pub(crate) another: bool,
+    /// Whether the call has a pool.
+    pub(crate) pooled: bool,
+    /// How long one attempt may wait for its first byte, where the pool says.
+    pub(crate) attempt_timeout: Option<Duration>,
+}
+
 /// Why a call was not admitted at its upstream, or at any member of its pool.
 pub(crate) enum NotAdmitted {
     /// The gate's refusal (the wait would pass the deadline, the store is down, ...).
@@ -34,49 +52,9 @@ pub(crate) enum NotAdmitted {
 }
 
 impl<'a> Members<'a> {
-    /// Whether the call has a pool.
-    pub(crate) fn pooled(&self) -> bool {
-        !self.pool.members.is_empty()
-    }
-
-    /// Whether a member the call has not yet failed at is left, beside the one it is at.
-    pub(crate) fn another(&self) -> bool {
-        self.pool.members.len() > self.failed.len() + 1
-    }
-
     /// Whether a member the call has not yet failed at is left.
     pub(crate) fn any_left(&self) -> bool {
         self.pool.members.len() > self.failed.len()
-    }
-
-    /// How long an attempt at `member` may wait for its answer's first byte, from `sent`, for
-    /// a call whose deadline is `deadline`, and how many other members it could move to. A
-    /// member of a pool with another to move to waits for its share of the call's time left
-    /// (or the pool's `attempt_timeout`), not all of it: a member that hangs can't hold the
-    /// call to its deadline.
-    pub(crate) fn attempt_deadline(
-        &self,
-        member: &ReadyUpstream,
-        sent: Instant,
-        deadline: Option<Instant>,
-    ) -> (Option<Instant>, usize) {
-        let others = if self.pooled() {
-            self.others(member)
-        } else {
-            0
-        };
-        let until = deadline.map(|deadline| {
-            if others == 0 {
-                return deadline;
-            }
-            let left = deadline.saturating_duration_since(sent);
-            let share = self
-                .pool
-                .attempt_timeout
-                .unwrap_or_else(|| left / u32::try_from(others + 1).unwrap_or(u32::MAX));
-            (sent + share).min(deadline)
-        });
-        (until, others)
     }
 
     /// The model a member's key is named after.
@@ -87,26 +65,49 @@ impl<'a> Members<'a> {
         }
     }
 
-    /// The next attempt's member and call: the first member (from a rotating start) that can
-    /// admit it now, else the one that can soonest (a member paused by its provider waits
-    /// out its pause there). Members ejected for failing are passed over while another can
-    /// take the call, and so are members whose own budget can't pay for it; the member chosen
-    /// pays its budget with the call.
+    /// The next attempt's turn: its member (the call's upstream, without a pool), its call
+    /// there, admitted, and how many other members it could still move to. The key it was
+    /// admitted at is counted as seen and admitted.
     pub(crate) async fn admit(
         &mut self,
         attempts: &mut Attempts,
         current: &Arc<ReadyUpstream>,
-    ) -> Result<(Arc<ReadyUpstream>, Call), NotAdmitted> {
-        if self.pool.members.is_empty() {
+    ) -> Result<Turn, NotAdmitted> {
+        let pooled = !self.pool.members.is_empty();
+        // Whether a member the call has not yet failed at is left beside the one it goes to.
+        let another = self.pool.members.len() > self.failed.len() + 1;
+        let (member, call) = if pooled {
+            self.choose(attempts).await?
+        } else {
             let key = attempts.estimated().key();
             self.shared
                 .carry(key.split('@').next().unwrap_or(key))
                 .await;
-            return Ok((
-                Arc::clone(current),
-                attempts.admit().await.map_err(NotAdmitted::Gate)?,
-            ));
-        }
+            let call = attempts.admit().await.map_err(NotAdmitted::Gate)?;
+            (Arc::clone(current), call)
+        };
+        let others = if pooled { self.others(&member) } else { 0 };
+        member.saw_key(call.key());
+        self.shared.live.admitted(call.key());
+        Ok(Turn {
+            member,
+            call,
+            others,
+            another,
+            pooled,
+            attempt_timeout: self.pool.attempt_timeout,
+        })
+    }
+
+    /// The member of a pool the next attempt goes to, and its call there: the first member
+    /// (from a rotating start) that can admit it now, else the one that can soonest (a member
+    /// paused by its provider waits out its pause there). Members ejected for failing are
+    /// passed over while another can take the call, and so are members whose own budget can't
+    /// pay for it; the member chosen pays its budget with the call.
+    async fn choose(
+        &mut self,
+        attempts: &mut Attempts,
+    ) -> Result<(Arc<ReadyUpstream>, Call), NotAdmitted> {
         let mut best: Option<(Arc<ReadyUpstream>, Duration)> = None;
         let mut failure = None;
         let mut spent = None;

@@ -300,6 +300,11 @@ impl<B> Gapped<B> {
             stalled,
         }
     }
+
+    /// The body it bounds, unbounded again.
+    pub(crate) fn into_inner(self) -> B {
+        self.inner
+    }
 }
 
 /// An upstream body that went silent too long.
