@@ -1,104 +1,25 @@
-//! A request's body read within its bounds, then its toll: read the way its upstream will read
-//! it, and paid at the tenant's windows (before the organization's, at forwarding).
+//! The toll a metered call pays before it goes: what the gate's estimate leaves out reserved
+//! (inputs the proxy can't see, images an Azure deployment bills by its own model's rule), a
+//! model its upstream doesn't serve refused, its tenant's windows paid (before the
+//! organization's, which each attempt pays), and its price reserved from every budget it spends
+//! from (budgets never wait).
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
-use tollgate::http::{Attempts, BodyError, Estimated};
-use tollgate::{Attempt, Cost, Currency, Dollars, Error, Limiter, Limits, Rates, Snapshot};
+use tollgate::http::{Attempts, Estimated};
+use tollgate::{Attempt, Currency, Dollars, Error, Limits, Rates, Snapshot};
 
 use crate::answer::{ErrorKind, Reject};
 use crate::config::{Family, UnknownModels};
-use crate::exchange::CallPool;
-use crate::exchange::Exchange;
+use crate::estimate::Estimate;
+use crate::exchange::{CallPool, Exchange};
 use crate::keys::{BUDGET, TENANT_PART};
+use crate::refusal::{refusal, short_of};
 use crate::state::{ReadyUpstream, Shared, model_entry, model_of};
 use crate::tenant::Tenant;
-
-/// The currency whose windows can't pay `cost` now, the one that would keep the call waiting
-/// longest: what a refusal for want of time names (`None` when every window can pay: a pause
-/// or the line held the call, or the levels can't be read). Asked only when a call is refused.
-pub(crate) async fn short_of(limiter: &Limiter, cost: Cost) -> Option<Currency> {
-    let snapshot = limiter.snapshot().await.ok()?;
-    let mut longest: Option<(f64, Currency)> = None;
-    for window in snapshot.windows() {
-        let needed = cost.of(window.currency) as f64 - window.tokens.as_f64();
-        if needed <= 0.0 {
-            continue;
-        }
-        let rate = window.rate;
-        let wait = needed * rate.period().as_secs_f64() / rate.amount() as f64;
-        if longest.is_none_or(|(most, _)| wait > most) {
-            longest = Some((wait, window.currency));
-        }
-    }
-    longest.map(|(_, currency)| currency)
-}
-
-/// What a refusal of the gate (or a tenant's window) is answered with; `short` is the currency
-/// that could not pay (see [`short_of`]), named in a 429 as the provider would name it.
-pub(crate) fn refusal(
-    shared: &Shared,
-    upstream: &ReadyUpstream,
-    err: &Error,
-    short: Option<Currency>,
-) -> Reject {
-    match err {
-        Error::Timeout { key, needed, .. } => {
-            upstream.metrics.local_429s.increment(1);
-            shared.live.local_429(key);
-            let wait = needed.unwrap_or(Duration::from_secs(1));
-            let window = short.map_or_else(String::new, |currency| {
-                format!(
-                    " on {}",
-                    crate::answer::window_words(upstream.family, currency)
-                )
-            });
-            Reject::new(
-                ErrorKind::RateLimited(short),
-                format!(
-                    "tollgate-proxy: this call would wait past its deadline for its share of the rate limit{window}; retry after {:.1} s ({err})",
-                    wait.as_secs_f64()
-                ),
-            )
-            .retry_after(wait)
-        }
-        Error::QueueFull { key, .. } => {
-            upstream.metrics.local_429s.increment(1);
-            shared.live.local_429(key);
-            Reject::new(
-                ErrorKind::RateLimited(None),
-                format!("tollgate-proxy: {err}"),
-            )
-            .retry_after(Duration::from_secs(1))
-        }
-        Error::Unpriced { .. } => Reject::new(ErrorKind::Invalid, format!("tollgate-proxy: {err}")),
-        Error::CostExceedsCapacity { .. } | Error::InvalidCost { .. } => Reject::new(
-            ErrorKind::Invalid,
-            format!("tollgate-proxy: this call can never pass: {err}"),
-        ),
-        Error::Body(BodyError::UnsupportedEncoding(_)) => Reject::new(
-            ErrorKind::UnsupportedEncoding,
-            format!("tollgate-proxy: {err}"),
-        ),
-        Error::Body(BodyError::TooLarge { .. }) => {
-            upstream.metrics.too_large.increment(1);
-            Reject::new(ErrorKind::TooLarge, format!("tollgate-proxy: {err}"))
-        }
-        Error::Body(_) => Reject::new(ErrorKind::Invalid, format!("tollgate-proxy: {err}")),
-        Error::Unavailable { .. } | Error::Store { .. } => {
-            shared.proxy_metrics.store_errors.increment(1);
-            tracing::warn!(upstream = %upstream.name, error = %err, "the store could not serve a call");
-            Reject::new(
-                ErrorKind::Unavailable,
-                "tollgate-proxy: the rate-limit store can't be reached; nothing was sent",
-            )
-        }
-        _ => Reject::new(ErrorKind::Unavailable, format!("tollgate-proxy: {err}")),
-    }
-}
 
 /// What a tenant's windows held when its call was admitted: the rate-limit headers its answer
 /// carries in place of (or beside) the organization's.
@@ -228,53 +149,19 @@ fn human(wait: Duration) -> String {
     }
 }
 
-/// The toll phase: the metered request, with its `head` upstream, read as its upstream will
-/// read it; its pool and its budgets worked out once; its toll paid at its tenant's windows
-/// and its budgets (see [`prepare`]).
-pub(crate) async fn toll(
-    exchange: &Exchange<'_>,
-    mut head: http::request::Parts,
-) -> Result<Prepared, Reject> {
-    let (shared, upstream) = (exchange.shared, &exchange.upstream);
-    // The usage can only be read from bytes as they were written.
-    head.headers.remove(http::header::ACCEPT_ENCODING);
-    let tenant = exchange.tenant.as_ref();
-    let budgets = budgets(shared, upstream, tenant);
-    let estimated = upstream
-        .gate
-        .read(&head, &exchange.body)
-        .map_err(|err| refusal(shared, upstream, &err, None))?;
-    let pool = pool_of(shared, upstream, estimated.model());
-    prepare(exchange, head, estimated, pool, budgets).await
-}
-
-/// The pool of `upstream` for a call of `model`.
-fn pool_of(shared: &Shared, upstream: &ReadyUpstream, model: Option<&str>) -> CallPool {
-    let pool = shared.config.pool_of(&upstream.name, model);
-    CallPool {
-        members: pool
-            .iter()
-            .flat_map(|p| p.members.iter())
-            .filter_map(|name| shared.upstream_named(name).cloned())
-            .collect(),
-        ejection: pool.map(|p| p.ejection).unwrap_or_default(),
-        attempt_timeout: pool.and_then(|p| p.attempt_timeout),
-    }
-}
-
-/// Reserves what the gate's estimate leaves out, refuses a model the upstream doesn't serve,
-/// pays the tenant's toll (its tier's windows, at this upstream) and reserves the call's price
-/// from every budget it spends from: the attempts to forward it.
-async fn prepare(
-    exchange: &Exchange<'_>,
-    head: http::request::Parts,
-    estimated: Estimated,
-    pool: CallPool,
-    budgets: Vec<(String, Limits, String)>,
-) -> Result<Prepared, Reject> {
+/// The toll phase: what the gate's estimate leaves out reserved, a model the upstream doesn't
+/// serve refused, the tenant's toll paid (its tier's windows, at this upstream), and the
+/// call's price reserved from every budget it spends from: the attempts to forward it.
+pub(crate) async fn toll(exchange: &Exchange<'_>, estimate: Estimate) -> Result<Prepared, Reject> {
+    let Estimate {
+        head,
+        estimated,
+        pool,
+    } = estimate;
     let (shared, upstream) = (exchange.shared, &exchange.upstream);
     let tenant = exchange.tenant.as_ref();
     let body = &exchange.body;
+    let budgets = budgets(shared, upstream, tenant);
     // A pool's members' own budgets are paid by the member that serves the call.
     let pooled_budgets = pool.members.iter().any(|m| !m.config.spend.is_empty());
     let (estimated, hidden, alone) = if pooled_budgets || !budgets.is_empty() {

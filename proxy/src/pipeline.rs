@@ -1,7 +1,7 @@
 //! One request through the proxy, phase by phase, each in a file of its own and each answering
 //! a [`Reject`] when it refuses: the route (`route.rs`), the tenant (`tenant.rs`), the body
 //! (`body.rs`), the stored objects it names (`owned.rs`), its head upstream (`head.rs`), the
-//! toll (`admit.rs`), the sending (`send.rs`, with `pool.rs` choosing a pool's member), and the
+//! gate's estimate and the pool (`estimate.rs`), the toll (`admit.rs`), the sending (`send.rs`, with `pool.rs` choosing a pool's member), and the
 //! body the client reads (`relay.rs`). A rejection becomes an answer in one place, here,
 //! through [`Reject::answer`]; the labels a request is counted and logged under are filled
 //! here as the phases learn them.
@@ -93,11 +93,13 @@ async fn through(
     labels.upstream = Some(upstream.name.clone());
     labels.route = route.name;
     labels.family = upstream.family;
-    // Refused before a byte of the body is read, and before anything is charged.
-    crate::body::declared(shared, &upstream, &client.headers)?;
+    // Who the tenant is costs nothing and changes nothing; a body larger than the proxy takes
+    // is refused first, before a byte of it is read and before anything is charged.
     let tenant = shared
         .tenancy
-        .phase(&client, route.kind, shared.virtual_key_paths)?;
+        .phase(&client, route.kind, shared.virtual_key_paths);
+    crate::body::declared(shared, &upstream, &client.headers)?;
+    let tenant = tenant?;
     // The body's room in the memory for bodies is held until the answer's head is out.
     let (body, _held) = crate::body::read(shared, &upstream, &client.headers, incoming).await?;
     let exchange = Exchange {
@@ -118,7 +120,8 @@ async fn through(
     let response = match exchange.route.kind {
         RouteKind::Free | RouteKind::Passed => crate::send::unmetered(&exchange, head).await?,
         RouteKind::Metered => {
-            let mut prepared = crate::admit::toll(&exchange, head).await?;
+            let estimate = crate::estimate::phase(&exchange, head)?;
+            let mut prepared = crate::admit::toll(&exchange, estimate).await?;
             if exchange.tenant.is_some() {
                 // Nothing is sent if it is refused: the tenant's charges come back.
                 let read = prepared.attempts.estimated().body();

@@ -135,11 +135,11 @@ async fn refused(sending: &Sending<'_, '_>, not: NotAdmitted) -> Reject {
                 shared.registry.limiter(estimated.key(), limits),
                 gate.cost_of(estimated, Some(limits)),
             ) {
-                (Ok(limiter), Ok(cost)) => crate::admit::short_of(&limiter, cost).await,
+                (Ok(limiter), Ok(cost)) => crate::refusal::short_of(&limiter, cost).await,
                 _ => None,
             }
         }
         _ => None,
     };
-    crate::admit::refusal(shared, &sending.upstream, &err, short)
+    crate::refusal::refusal(shared, &sending.upstream, &err, short)
 }
