@@ -52,6 +52,7 @@ mod owned;
 mod owners;
 mod pipeline;
 mod pool;
+mod proxy;
 mod refusal;
 mod relay;
 mod route;
@@ -64,7 +65,8 @@ mod tally;
 mod tenant;
 mod upstream;
 
-pub use accept::{Drained, Proxy, Reloader, Running};
+pub use accept::Drained;
 pub use config::{Config, ConfigError};
+pub use proxy::{Proxy, Reloader, Running};
 pub use relay::Relay;
 pub use state::{ReloadError, StartError};
