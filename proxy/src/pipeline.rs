@@ -1,10 +1,12 @@
 //! One request through the proxy, phase by phase, each in a file of its own and each answering
 //! a [`Reject`] when it refuses: the route (`route.rs`), the tenant (`tenant.rs`), the body
-//! (`body.rs`), the stored objects it names (`owned.rs`), its head upstream (`head.rs`), the
-//! gate's estimate and the pool (`estimate.rs`), the toll (`admit.rs`), the sending (`send.rs`, with `pool.rs` choosing a pool's member), and the
-//! body the client reads (`relay.rs`). A rejection becomes an answer in one place, here,
-//! through [`Reject::answer`]; the labels a request is counted and logged under are filled
-//! here as the phases learn them.
+//! (`body.rs`), the stored objects it names (`owned.rs`), its head upstream (`head.rs`); for a
+//! metered call, the gate's estimate and its pool (`estimate.rs`), the toll (`admit.rs`) and its
+//! settlement (`settle.rs`); then the sending (`send.rs`: each attempt's turn from `pool.rs`,
+//! the attempt in `attempt.rs`, its answer in `deliver.rs`), and the body the client reads
+//! (`relay.rs`). A rejection becomes an answer in one place, here, through
+//! [`Reject::answer`]; the labels a request is counted and logged under are filled here as the
+//! phases learn them.
 
 use std::sync::Arc;
 
