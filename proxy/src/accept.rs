@@ -1,6 +1,6 @@
-//! The listener: accepts connections (HTTP/1.1 and HTTP/2), bounds what each may hold, serves
-//! each request, and on shutdown stops accepting and lets the calls in flight finish, up to a
-//! deadline.
+//! The listener: accepts connections (HTTP/1.1 and HTTP/2), bounds what each may hold, hands
+//! each request to the pipeline (`pipeline.rs`), and on shutdown stops accepting and lets the
+//! calls in flight finish, up to a deadline.
 //!
 //! Every connection is watched: one with no request in flight that sends nothing for
 //! `idle_timeout` is closed (a new one that never speaks, a kept-alive one between requests, an
@@ -11,12 +11,14 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
+use crate::pipeline::handle;
+use crate::state::{Current, Shared};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -25,23 +27,6 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use tollgate::MemoryStore;
-use tollgate::store::AnyStore;
-
-use crate::config::Config;
-use crate::proxy::handle;
-use crate::state::{Current, Lasting, ReloadError, Shared, StartError};
-
-/// A proxy bound to its address, not yet serving.
-pub struct Proxy {
-    listener: TcpListener,
-    /// The operators' live view (`admin_listen`), when configured.
-    admin: Option<TcpListener>,
-    /// The first configuration's (for what outlives reloads: bounds, metrics, the drain).
-    shared: Arc<Shared>,
-    current: Arc<Current>,
-    drain: std::time::Duration,
-}
 
 /// How a drain ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -260,7 +245,7 @@ async fn idle(connection: &Connection, idle: std::time::Duration) {
 /// The most connections the process's descriptors allow: its soft limit, raised to the hard
 /// one, less room for upstream connections and the rest (each client connection may need one
 /// upstream connection too).
-fn descriptor_room() -> Option<usize> {
+pub(crate) fn descriptor_room() -> Option<usize> {
     #[cfg(unix)]
     {
         let mut limit = libc::rlimit {
@@ -289,180 +274,53 @@ fn descriptor_room() -> Option<usize> {
     None
 }
 
-impl Proxy {
-    /// Binds `config.listen` and connects to the store (Redis, when `config.redis` is set).
-    pub async fn bind(config: Config) -> Result<Proxy, StartError> {
-        let (store, records): (AnyStore, _) = match &config.redis {
-            Some(url) => {
-                let store = tollgate::store::redis::RedisStore::connect(url)
-                    .await
-                    .map_err(|e| StartError(crate::config::masked(&format!("redis: {e}"))))?;
-                (store.clone().into(), Some(store))
-            }
-            None => (MemoryStore::new().into(), None),
-        };
-        let mut config = config;
-        if let Some(room) = descriptor_room()
-            && room < config.bounds.max_connections
-        {
-            tracing::warn!(
-                configured = config.bounds.max_connections,
-                room,
-                "max_connections is more than the process's descriptors allow; lowered (raise `ulimit -n`)"
-            );
-            config.bounds.max_connections = room.max(1);
-        }
-        let lasting = Arc::new(Lasting::new(&config, store, records));
-        let current = Arc::new(Current::new(Shared::new(&config, &lasting, 0)?));
-        let shared = current.get();
-        let listener = TcpListener::bind(config.listen)
-            .await
-            .map_err(|e| StartError(format!("listen on {}: {e}", config.listen)))?;
-        let admin = match config.admin_listen {
-            Some(addr) => Some({
-                if !addr.ip().is_loopback() {
-                    tracing::warn!(
-                        %addr,
-                        "the live view (admin_listen) has no authentication and listens beyond this host: keep it behind a firewall"
-                    );
-                }
-                TcpListener::bind(addr)
-                    .await
-                    .map_err(|e| StartError(format!("admin_listen on {addr}: {e}")))?
-            }),
-            None => None,
-        };
-        Ok(Proxy {
-            listener,
-            admin,
-            shared,
-            current,
-            drain: config.drain,
-        })
-    }
+/// The clients' listener, bound, with the state its requests are served with.
+pub(crate) struct Bound {
+    pub(crate) listener: TcpListener,
+    /// The first configuration's (for what outlives reloads: bounds, metrics, the drain).
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) current: Arc<Current>,
+}
 
-    /// The address it listens on (the port the system chose, for `:0`).
-    pub fn local_addr(&self) -> SocketAddr {
-        self.listener
-            .local_addr()
-            .expect("a bound listener has an address")
-    }
-
-    /// The address of the operators' live view, when `admin_listen` is set.
-    pub fn admin_addr(&self) -> Option<SocketAddr> {
-        self.admin.as_ref().and_then(|l| l.local_addr().ok())
-    }
-
-    /// Serves until `shutdown` completes, then drains: no new connection is accepted,
-    /// `/healthz` and `/readyz` answer 503, a request still sending its body is answered 503,
-    /// idle connections are closed, and calls in flight (streams included) run on until they
-    /// end or the drain deadline passes.
-    pub async fn serve(self, shutdown: impl Future<Output = ()>) -> Drained {
+impl Bound {
+    /// Accepts connections until `shutdown` completes, then drains them within `drain` (see
+    /// [`Proxy::serve`](crate::Proxy::serve)).
+    pub(crate) async fn serve(
+        self,
+        shutdown: impl Future<Output = ()>,
+        drain: Duration,
+    ) -> Drained {
         let graceful = GracefulShutdown::new();
-        let bounds = self.shared.bounds.clone();
-        let mut builder = auto::Builder::new(TokioExecutor::new());
-        // Without a timer hyper enforces no header timeout: a client that sends half a head
-        // and waits would hold its connection (and a descriptor) for ever.
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(bounds.header_timeout);
-        builder
-            .http2()
-            .timer(TokioTimer::new())
-            .max_concurrent_streams(256)
-            .max_header_list_size(256 << 10);
+        let builder = connection_builder(&self.shared.bounds);
         let connections = Arc::new(Connections::default());
         let epoch = Instant::now();
-        // The live view serves until the drain ends (an operator watches the drain on it).
-        let _admin = self.admin.map(|listener| {
-            AbortOnDrop(tokio::spawn(crate::admin::serve(
-                listener,
-                Arc::clone(&self.current),
-            )))
-        });
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
             let accepted = tokio::select! {
                 accepted = self.listener.accept() => accepted,
                 () = &mut shutdown => break,
             };
-            let (mut stream, _peer) = match accepted {
+            let (stream, _peer) = match accepted {
                 Ok(accepted) => accepted,
                 Err(err) => {
                     // Out of descriptors, or a connection reset before it was accepted:
                     // wait a moment rather than spin.
                     tracing::warn!(error = %err, "accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
                     continue;
                 }
             };
-            match connections.make_room(bounds.max_connections) {
-                None => {}
-                Some(true) => self.shared.proxy_metrics.crowded_closed.increment(1),
-                Some(false) => {
-                    self.shared.proxy_metrics.crowded_refused.increment(1);
-                    tokio::spawn(async move {
-                        let _ = tokio::time::timeout(
-                            std::time::Duration::from_secs(1),
-                            stream.write_all(
-                                b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\nretry-after: 1\r\n\r\n",
-                            ),
-                        )
-                        .await;
-                    });
-                    continue;
-                }
-            }
-            let _ = stream.set_nodelay(true);
+            let Some(stream) = self.room_for(&connections, stream) else {
+                continue;
+            };
             let connection = Arc::new(Connection::new(epoch));
-            let id = connections.next.fetch_add(1, Ordering::Relaxed);
-            connections
-                .live
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .insert(id, Arc::clone(&connection));
-            let current = Arc::clone(&self.current);
-            let watched = Arc::clone(&connection);
-            let service = service_fn(move |request| {
-                // Each request keeps the configuration in force when it came to its end.
-                let shared = current.get();
-                let in_flight = watched.start();
-                async move { Ok::<_, Infallible>(handle(shared, request, Box::new(in_flight)).await) }
-            });
-            let io = Watched {
-                stream,
-                connection: Arc::clone(&connection),
-            };
-            let served = builder
-                .serve_connection(TokioIo::new(io), service)
-                .into_owned();
-            let served = graceful.watch(served);
-            let (connections, shared) = (Arc::clone(&connections), Arc::clone(&self.shared));
-            let (idle_timeout, write_timeout) = (bounds.idle_timeout, bounds.write_timeout);
-            tokio::spawn(async move {
-                tokio::select! {
-                    _ = served => {}
-                    () = idle(&connection, idle_timeout) => {
-                        shared.proxy_metrics.idle_closed.increment(1);
-                    }
-                    () = stuck(&connection, write_timeout) => {
-                        shared.proxy_metrics.unread_closed.increment(1);
-                    }
-                    () = connection.close.notified() => {}
-                }
-                connections
-                    .live
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .remove(&id);
-            });
+            self.serve_connection(stream, connection, &connections, &builder, &graceful);
         }
         drop(self.listener);
         self.shared.draining.store(true, Ordering::Relaxed);
         self.shared.drain_started.notify_waiters();
-        tracing::info!(deadline = ?self.drain, "draining: no new connections");
-        match tokio::time::timeout(self.drain, graceful.shutdown()).await {
+        tracing::info!(deadline = ?drain, "draining: no new connections");
+        match tokio::time::timeout(drain, graceful.shutdown()).await {
             Ok(()) => {
                 tracing::info!("drained: every call finished");
                 Drained::Clean
@@ -474,105 +332,97 @@ impl Proxy {
         }
     }
 
-    /// What reloads the configuration while the proxy serves.
-    pub fn reloader(&self) -> Reloader {
-        Reloader(Arc::clone(&self.current))
-    }
-
-    /// Serves in a task of its own: for tests and embedding.
-    pub fn spawn(self) -> Running {
-        let addr = self.local_addr();
-        let admin = self.admin_addr();
-        let reloader = self.reloader();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(self.serve(async move {
-            let _ = stopped.await;
-        }));
-        Running {
-            addr,
-            admin,
-            reloader,
-            stop: Some(stop),
-            task,
+    /// `stream`, once there is room for it: past `max_connections` the connection idle the
+    /// longest is closed; when none is idle, `stream` is answered 503 and closed (`None`).
+    fn room_for(&self, connections: &Connections, mut stream: TcpStream) -> Option<TcpStream> {
+        match connections.make_room(self.shared.bounds.max_connections) {
+            None => {}
+            Some(true) => self.shared.proxy_metrics.crowded_closed.increment(1),
+            Some(false) => {
+                self.shared.proxy_metrics.crowded_refused.increment(1);
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(1),
+                        stream.write_all(
+                            b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\nretry-after: 1\r\n\r\n",
+                        ),
+                    )
+                    .await;
+                });
+                return None;
+            }
         }
+        Some(stream)
+    }
+
+    /// Serves `stream`'s requests in a task of its own, watched (idle, stuck) until it closes.
+    fn serve_connection(
+        &self,
+        stream: TcpStream,
+        connection: Arc<Connection>,
+        connections: &Arc<Connections>,
+        builder: &auto::Builder<TokioExecutor>,
+        graceful: &GracefulShutdown,
+    ) {
+        let _ = stream.set_nodelay(true);
+        let id = connections.next.fetch_add(1, Ordering::Relaxed);
+        connections
+            .live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id, Arc::clone(&connection));
+        let current = Arc::clone(&self.current);
+        let watched = Arc::clone(&connection);
+        let service = service_fn(move |request| {
+            // Each request keeps the configuration in force when it came to its end.
+            let shared = current.get();
+            let in_flight = watched.start();
+            async move { Ok::<_, Infallible>(handle(shared, request, Box::new(in_flight)).await) }
+        });
+        let io = Watched {
+            stream,
+            connection: Arc::clone(&connection),
+        };
+        let served = builder
+            .serve_connection(TokioIo::new(io), service)
+            .into_owned();
+        let served = graceful.watch(served);
+        let (connections, shared) = (Arc::clone(connections), Arc::clone(&self.shared));
+        let bounds = &self.shared.bounds;
+        let (idle_timeout, write_timeout) = (bounds.idle_timeout, bounds.write_timeout);
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = served => {}
+                () = idle(&connection, idle_timeout) => {
+                    shared.proxy_metrics.idle_closed.increment(1);
+                }
+                () = stuck(&connection, write_timeout) => {
+                    shared.proxy_metrics.unread_closed.increment(1);
+                }
+                () = connection.close.notified() => {}
+            }
+            connections
+                .live
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&id);
+        });
     }
 }
 
-/// Reloads a serving proxy's configuration (what SIGHUP does to the binary).
-///
-/// ```no_run
-/// # async fn f(running: tollgate_proxy::Running) -> Result<(), Box<dyn std::error::Error>> {
-/// let config = tollgate_proxy::Config::from_file("proxy.toml".as_ref())?;
-/// running.reloader.reload(config).await?;
-/// # Ok(())
-/// # }
-/// ```
-#[derive(Clone)]
-pub struct Reloader(Arc<Current>);
-
-impl std::fmt::Debug for Reloader {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Reloader")
-    }
-}
-
-impl Reloader {
-    /// Puts `config` in force: calls in flight finish on the old one; keys whose limits did
-    /// not change keep their levels; keys whose limits changed start from the new limits,
-    /// never above what they held; virtual keys added work at once and revoked ones are
-    /// refused. A configuration that can't be used is refused (its errors returned and
-    /// logged) and the one in force stays. The listeners, the store, the connection bounds
-    /// and the drain take a restart (kept, with a warning). Answers how many keys' levels were
-    /// carried over.
-    pub async fn reload(&self, config: Config) -> Result<usize, ReloadError> {
-        let reloaded = self.0.reload(config).await;
-        if let Err(err) = &reloaded {
-            tracing::error!(error = %err, "reload refused");
-        }
-        reloaded
-    }
-}
-
-/// A task ended when its handle is dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// A proxy serving in a task.
-pub struct Running {
-    /// Where it listens.
-    pub addr: SocketAddr,
-    /// Where the operators' live view listens (`admin_listen`), if anywhere.
-    pub admin: Option<SocketAddr>,
-    /// Reloads its configuration.
-    pub reloader: Reloader,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<Drained>,
-}
-
-impl Running {
-    /// Its base URL for OpenAI-style clients: `http://127.0.0.1:PORT/v1`.
-    pub fn base_url(&self) -> String {
-        format!("http://{}/v1", self.addr)
-    }
-
-    /// Starts the drain (as SIGTERM does) and waits for it to end.
-    pub async fn shutdown(mut self) -> Drained {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        (&mut self.task).await.unwrap_or(Drained::Cut)
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if self.stop.is_some() {
-            self.task.abort();
-        }
-    }
+/// The connections' HTTP/1.1 and HTTP/2 settings.
+fn connection_builder(bounds: &crate::config::Bounds) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // Without a timer hyper enforces no header timeout: a client that sends half a head and
+    // waits would hold its connection (and a descriptor) for ever.
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(bounds.header_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(256)
+        .max_header_list_size(256 << 10);
+    builder
 }

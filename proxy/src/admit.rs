@@ -1,104 +1,25 @@
-//! A request's body read within its bounds, then its toll: read the way its upstream will read
-//! it, and paid at the tenant's windows (before the organization's, at forwarding).
+//! The toll a metered call pays before it goes: what the gate's estimate leaves out reserved
+//! (inputs the proxy can't see, images an Azure deployment bills by its own model's rule), a
+//! model its upstream doesn't serve refused, its tenant's windows paid (before the
+//! organization's, which each attempt pays), and its price reserved from every budget it spends
+//! from (budgets never wait).
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
-use tollgate::http::{Attempts, BodyError, Estimated};
-use tollgate::{Attempt, Cost, Currency, Dollars, Error, Limiter, Limits, Rates, Snapshot};
+use tollgate::http::{Attempts, Estimated};
+use tollgate::{Attempt, Currency, Dollars, Error, Limits, Rates, Snapshot};
 
 use crate::answer::{ErrorKind, Reject};
 use crate::config::{Family, UnknownModels};
-use crate::exchange::Exchange;
-use crate::head::upstream_head;
+use crate::estimate::Estimate;
+use crate::exchange::{CallPool, Exchange};
 use crate::keys::{BUDGET, TENANT_PART};
+use crate::refusal::{refusal, short_of};
 use crate::state::{ReadyUpstream, Shared, model_entry, model_of};
 use crate::tenant::Tenant;
-
-/// The currency whose windows can't pay `cost` now, the one that would keep the call waiting
-/// longest: what a refusal for want of time names (`None` when every window can pay: a pause
-/// or the line held the call, or the levels can't be read). Asked only when a call is refused.
-pub(crate) async fn short_of(limiter: &Limiter, cost: Cost) -> Option<Currency> {
-    let snapshot = limiter.snapshot().await.ok()?;
-    let mut longest: Option<(f64, Currency)> = None;
-    for window in snapshot.windows() {
-        let needed = cost.of(window.currency) as f64 - window.tokens.as_f64();
-        if needed <= 0.0 {
-            continue;
-        }
-        let rate = window.rate;
-        let wait = needed * rate.period().as_secs_f64() / rate.amount() as f64;
-        if longest.is_none_or(|(most, _)| wait > most) {
-            longest = Some((wait, window.currency));
-        }
-    }
-    longest.map(|(_, currency)| currency)
-}
-
-/// What a refusal of the gate (or a tenant's window) is answered with; `short` is the currency
-/// that could not pay (see [`short_of`]), named in a 429 as the provider would name it.
-pub(crate) fn refusal(
-    shared: &Shared,
-    upstream: &ReadyUpstream,
-    err: &Error,
-    short: Option<Currency>,
-) -> Reject {
-    match err {
-        Error::Timeout { key, needed, .. } => {
-            upstream.metrics.local_429s.increment(1);
-            shared.live.local_429(key);
-            let wait = needed.unwrap_or(Duration::from_secs(1));
-            let window = short.map_or_else(String::new, |currency| {
-                format!(
-                    " on {}",
-                    crate::answer::window_words(upstream.family, currency)
-                )
-            });
-            Reject::new(
-                ErrorKind::RateLimited(short),
-                format!(
-                    "tollgate-proxy: this call would wait past its deadline for its share of the rate limit{window}; retry after {:.1} s ({err})",
-                    wait.as_secs_f64()
-                ),
-            )
-            .retry_after(wait)
-        }
-        Error::QueueFull { key, .. } => {
-            upstream.metrics.local_429s.increment(1);
-            shared.live.local_429(key);
-            Reject::new(
-                ErrorKind::RateLimited(None),
-                format!("tollgate-proxy: {err}"),
-            )
-            .retry_after(Duration::from_secs(1))
-        }
-        Error::Unpriced { .. } => Reject::new(ErrorKind::Invalid, format!("tollgate-proxy: {err}")),
-        Error::CostExceedsCapacity { .. } | Error::InvalidCost { .. } => Reject::new(
-            ErrorKind::Invalid,
-            format!("tollgate-proxy: this call can never pass: {err}"),
-        ),
-        Error::Body(BodyError::UnsupportedEncoding(_)) => Reject::new(
-            ErrorKind::UnsupportedEncoding,
-            format!("tollgate-proxy: {err}"),
-        ),
-        Error::Body(BodyError::TooLarge { .. }) => {
-            upstream.metrics.too_large.increment(1);
-            Reject::new(ErrorKind::TooLarge, format!("tollgate-proxy: {err}"))
-        }
-        Error::Body(_) => Reject::new(ErrorKind::Invalid, format!("tollgate-proxy: {err}")),
-        Error::Unavailable { .. } | Error::Store { .. } => {
-            shared.proxy_metrics.store_errors.increment(1);
-            tracing::warn!(upstream = %upstream.name, error = %err, "the store could not serve a call");
-            Reject::new(
-                ErrorKind::Unavailable,
-                "tollgate-proxy: the rate-limit store can't be reached; nothing was sent",
-            )
-        }
-        _ => Reject::new(ErrorKind::Unavailable, format!("tollgate-proxy: {err}")),
-    }
-}
 
 /// What a tenant's windows held when its call was admitted: the rate-limit headers its answer
 /// carries in place of (or beside) the organization's.
@@ -107,8 +28,11 @@ pub(crate) struct TenantView {
     pub(crate) at: Instant,
 }
 
-/// A prepared call: its attempts, and its tenant's windows when it has some.
+/// A prepared call: its head, its attempts, its pool and budgets, and its tenant's windows
+/// when it has some: what the toll worked out once, for every attempt and the settlement.
 pub(crate) struct Prepared {
+    /// The request's head at its upstream (without `accept-encoding`), as the gate read it.
+    pub(crate) head: http::request::Parts,
     pub(crate) attempts: Attempts,
     pub(crate) tenant_view: Option<TenantView>,
     /// The call brings inputs the proxy can't see: its tenant and model, whose ceiling its
@@ -116,6 +40,10 @@ pub(crate) struct Prepared {
     pub(crate) hidden: Option<(String, String)>,
     /// Its turn, while such calls go one at a time: held until it settles.
     pub(crate) alone: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// The pool of its upstream for its model (no members: it has none).
+    pub(crate) pool: CallPool,
+    /// The keys of the budgets it spends from (see [`budgets`]).
+    pub(crate) budgets: Vec<String>,
 }
 
 /// On Azure the body's `model` (often absent) is not what reads the images: the deployment's
@@ -221,45 +149,42 @@ fn human(wait: Duration) -> String {
     }
 }
 
-/// The toll phase: the metered request read as its upstream will read it (see [`prepare`]).
-pub(crate) async fn toll(exchange: &Exchange<'_>) -> Result<Prepared, Reject> {
+/// The toll phase: what the gate's estimate leaves out reserved, a model the upstream doesn't
+/// serve refused, the tenant's toll paid (its tier's windows, at this upstream), and the
+/// call's price reserved from every budget it spends from: the attempts to forward it.
+pub(crate) async fn toll(exchange: &Exchange<'_>, estimate: Estimate) -> Result<Prepared, Reject> {
+    let Estimate {
+        head,
+        estimated,
+        pool,
+    } = estimate;
     let (shared, upstream) = (exchange.shared, &exchange.upstream);
-    let client = exchange.client.clone();
-    let mut head = upstream_head(shared, upstream, client, &exchange.route.path)?;
-    // The usage can only be read from bytes as they were written.
-    head.headers.remove(http::header::ACCEPT_ENCODING);
     let tenant = exchange.tenant.as_ref();
-    prepare(shared, upstream, tenant, &head, &exchange.body).await
-}
-
-/// Reads a metered request for its upstream, pays its tenant's toll (its tier's windows, at
-/// this upstream) and reserves its price from every budget it spends from: the attempts to
-/// forward it.
-async fn prepare(
-    shared: &Shared,
-    upstream: &ReadyUpstream,
-    tenant: Option<&Tenant>,
-    parts: &http::request::Parts,
-    body: &Bytes,
-) -> Result<Prepared, Reject> {
-    let gate = &upstream.gate;
-    let estimated = gate
-        .read(parts, body)
-        .map_err(|err| refusal(shared, upstream, &err, None))?;
-    let (estimated, hidden, alone) =
-        reserve_unseen(shared, upstream, tenant, parts, body, estimated).await?;
-    refuse_unknown_model(upstream, parts, &estimated)?;
-    let mut attempts = Attempts::of(gate, estimated);
+    let body = &exchange.body;
+    let budgets = budgets(shared, upstream, tenant);
+    // A pool's members' own budgets are paid by the member that serves the call.
+    let pooled_budgets = pool.members.iter().any(|m| !m.config.spend.is_empty());
+    let (estimated, hidden, alone) = if pooled_budgets || !budgets.is_empty() {
+        reserve_unseen(shared, upstream, tenant, &head, body, estimated).await?
+    } else {
+        (estimated, None, None)
+    };
+    refuse_unknown_model(upstream, &head, &estimated)?;
+    let mut attempts = Attempts::of(&upstream.gate, estimated);
     let tenant_view = match tenant {
         Some(tenant) => tenant_toll(shared, upstream, tenant, &mut attempts).await?,
         None => None,
     };
-    pay_budgets(shared, upstream, tenant, &mut attempts).await?;
+    let pooled = !pool.members.is_empty();
+    pay_budgets(shared, upstream, pooled, &budgets, &mut attempts).await?;
     Ok(Prepared {
+        head,
         attempts,
         tenant_view,
         hidden,
         alone,
+        pool,
+        budgets: budgets.into_iter().map(|(key, _, _)| key).collect(),
     })
 }
 
@@ -271,7 +196,8 @@ type Unseen = (
     Option<OwnedSemaphorePermit>,
 );
 
-/// Input the gate's estimate leaves out, under a budget, reserved from the budgets beside it:
+/// Input the gate's estimate leaves out, reserved from the budgets beside it (asked only under
+/// a budget, its own or a pool member's):
 /// the images an Azure deployment bills by its own model's rule, and inputs the proxy can't
 /// see, reserved at what such calls were billed before, or, until one has settled, one call
 /// at a time.
@@ -283,19 +209,6 @@ async fn reserve_unseen(
     body: &Bytes,
     estimated: Estimated,
 ) -> Result<Unseen, Reject> {
-    let pooled_budgets = shared
-        .config
-        .pool_of(&upstream.name, estimated.model())
-        .is_some_and(|pool| {
-            pool.members.iter().any(|m| {
-                shared
-                    .upstream_named(m)
-                    .is_some_and(|u| !u.config.spend.is_empty())
-            })
-        });
-    if !pooled_budgets && budgets(shared, upstream, tenant).is_empty() {
-        return Ok((estimated, None, None));
-    }
     let read = estimated.body().map_or(&body[..], |b| &b[..]);
     let value = crate::lenient::read(read);
     let images = azure_images_missed(upstream, parts, &value, estimated.model());
@@ -465,21 +378,18 @@ async fn tenant_toll(
 async fn pay_budgets(
     shared: &Shared,
     upstream: &ReadyUpstream,
-    tenant: Option<&Tenant>,
+    pooled: bool,
+    budgets: &[(String, Limits, String)],
     attempts: &mut Attempts,
 ) -> Result<(), Reject> {
     // Budgets never wait: a spent budget is answered as the provider answers a spent quota.
     // A pool's members' own budgets are paid by the member that serves the call, when it is
-    // chosen (`forward.rs`): paid here, the first member's had paid for every member.
-    let pooled = shared
-        .config
-        .pool_of(&upstream.name, attempts.estimated().model())
-        .is_some();
-    for (key, limits, named) in budgets(shared, upstream, tenant) {
+    // chosen (`pool.rs`): paid here, the first member's had paid for every member.
+    for (key, limits, named) in budgets {
         if pooled && key.starts_with(&format!("{BUDGET}upstream:")) {
             continue;
         }
-        let permit = take_budget(shared, upstream, attempts, &key, &limits, &named).await?;
+        let permit = take_budget(shared, upstream, attempts, key, limits, named).await?;
         attempts.attach(permit);
     }
     Ok(())

@@ -1,12 +1,12 @@
 //! One request's context, carried through every phase: the shared state, the upstream and
-//! route it goes to, its tenant, its head and body; and the labels its metrics and log line
-//! are written under, filled as the phases learn them.
+//! route it goes to, its tenant, its head and body; and, for a metered call, the pool it may
+//! go to, as the toll found it.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::config::Family;
+use crate::health::Ejection;
 use crate::route::Route;
 use crate::state::{ReadyUpstream, Shared};
 use crate::tenant::Tenant;
@@ -23,21 +23,11 @@ pub(crate) struct Exchange<'s> {
     pub(crate) body: Bytes,
 }
 
-/// What a request is counted and logged under, and the shape a rejection is answered in.
-pub(crate) struct Labels {
-    /// The upstream's name, once the route chose one.
-    pub(crate) upstream: Option<String>,
-    /// The route's name: `service`, `refused` before a route is found, `chat`, ...
-    pub(crate) route: &'static str,
-    pub(crate) family: Family,
-}
-
-impl Default for Labels {
-    fn default() -> Labels {
-        Labels {
-            upstream: None,
-            route: "refused",
-            family: Family::OpenAi,
-        }
-    }
+/// The pool a metered call may go to: its members (none: the call has no pool) and the pool's
+/// rules, found once, by the toll.
+pub(crate) struct CallPool {
+    pub(crate) members: Vec<Arc<ReadyUpstream>>,
+    pub(crate) ejection: Ejection,
+    /// How long one attempt may wait for its first byte.
+    pub(crate) attempt_timeout: Option<std::time::Duration>,
 }

@@ -6,37 +6,9 @@ use http::header::{self, HeaderMap, HeaderName};
 use http::{Uri, Version};
 
 use crate::answer::{ErrorKind, Reject};
+use crate::relay::strip_hop_by_hop;
 use crate::state::{ReadyUpstream, Shared};
 use crate::tenant::KEY_HEADERS;
-
-/// The headers that belong to one connection, never forwarded (RFC 9110 §7.6.1).
-const HOP_BY_HOP: [&str; 9] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
-
-pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::try_from(name.trim()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
-    }
-    for name in HOP_BY_HOP {
-        headers.remove(name);
-    }
-}
 
 /// The request's head as it goes upstream: its URI on the upstream, no hop-by-hop headers, no
 /// tenant header or secret, the real key in place of a virtual one.

@@ -1,6 +1,8 @@
 //! Choosing where a call goes: its upstream, or the member of its pool that can admit it
 //! soonest. Members that failed the call are passed over by it; members that keep failing are
 //! ejected for a while; a member's own budget is paid by the member that serves the call.
+//! Each attempt asks once, and is handed its turn: the member, the call admitted there, and
+//! how many other members it could still move to.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -11,21 +13,34 @@ use tollgate::http::{Attempts, Call};
 
 use crate::answer::Reject;
 use crate::config::Family;
-use crate::exchange::Exchange;
-use crate::health::Ejection;
+use crate::exchange::CallPool;
 use crate::state::{ReadyUpstream, Shared, key_of};
 
-/// A call's pool, as that call sees it: its members (none: the call has no pool), those that
-/// failed it, and the pool's rules.
+/// A call's pool, as that call sees it: its members, those that failed it, and the pool's
+/// rules.
 pub(crate) struct Members<'a> {
-    shared: &'a Shared,
+    pub(crate) shared: &'a Shared,
     /// The client's head (an Azure member's key is named after the deployment in its path).
-    client: &'a http::request::Parts,
-    members: Vec<Arc<ReadyUpstream>>,
-    failed: Vec<String>,
-    ejection: Ejection,
-    /// How long one attempt may wait for its first byte.
-    attempt_timeout: Option<Duration>,
+    pub(crate) client: &'a http::request::Parts,
+    pub(crate) pool: CallPool,
+    /// The members that failed the call.
+    pub(crate) failed: Vec<String>,
+}
+
+/// An attempt's turn at a member, as the pool hands it back.
+pub(crate) struct Turn {
+    pub(crate) member: Arc<ReadyUpstream>,
+    /// The call, admitted at the member's key (and paid from its budget).
+    pub(crate) call: Call,
+    /// Members other than this one the call could still move to (not failed it, not
+    /// ejected); none without a pool.
+    pub(crate) others: usize,
+    /// Whether a member the call has not yet failed at is left beside this one.
+    pub(crate) another: bool,
+    /// Whether the call has a pool.
+    pub(crate) pooled: bool,
+    /// How long one attempt may wait for its first byte, where the pool says.
+    pub(crate) attempt_timeout: Option<Duration>,
 }
 
 /// Why a call was not admitted at its upstream, or at any member of its pool.
@@ -37,66 +52,9 @@ pub(crate) enum NotAdmitted {
 }
 
 impl<'a> Members<'a> {
-    /// The pool of the exchange's upstream for a call of `model`.
-    pub(crate) fn of(exchange: &'a Exchange<'_>, model: Option<&str>) -> Members<'a> {
-        let shared: &'a Shared = exchange.shared;
-        let pool = shared.config.pool_of(&exchange.upstream.name, model);
-        Members {
-            shared,
-            client: &exchange.client,
-            members: pool
-                .iter()
-                .flat_map(|p| p.members.iter())
-                .filter_map(|name| shared.upstream_named(name).cloned())
-                .collect(),
-            failed: Vec::new(),
-            ejection: pool.map(|p| p.ejection).unwrap_or_default(),
-            attempt_timeout: pool.and_then(|p| p.attempt_timeout),
-        }
-    }
-
-    /// Whether the call has a pool.
-    pub(crate) fn pooled(&self) -> bool {
-        !self.members.is_empty()
-    }
-
-    /// Whether a member the call has not yet failed at is left, beside the one it is at.
-    pub(crate) fn another(&self) -> bool {
-        self.members.len() > self.failed.len() + 1
-    }
-
     /// Whether a member the call has not yet failed at is left.
     pub(crate) fn any_left(&self) -> bool {
-        self.members.len() > self.failed.len()
-    }
-
-    /// How long an attempt at `member` may wait for its answer's first byte, from `sent`, for
-    /// a call whose deadline is `deadline`, and how many other members it could move to. A
-    /// member of a pool with another to move to waits for its share of the call's time left
-    /// (or the pool's `attempt_timeout`), not all of it: a member that hangs can't hold the
-    /// call to its deadline.
-    pub(crate) fn attempt_deadline(
-        &self,
-        member: &ReadyUpstream,
-        sent: Instant,
-        deadline: Option<Instant>,
-    ) -> (Option<Instant>, usize) {
-        let others = if self.pooled() {
-            self.others(member)
-        } else {
-            0
-        };
-        let until = deadline.map(|deadline| {
-            if others == 0 {
-                return deadline;
-            }
-            let left = deadline.saturating_duration_since(sent);
-            let share = self
-                .attempt_timeout
-                .unwrap_or_else(|| left / u32::try_from(others + 1).unwrap_or(u32::MAX));
-            (sent + share).min(deadline)
-        });
-        (until, others)
+        self.pool.members.len() > self.failed.len()
     }
 
     /// The model a member's key is named after.
@@ -107,26 +65,49 @@ impl<'a> Members<'a> {
         }
     }
 
-    /// The next attempt's member and call: the first member (from a rotating start) that can
-    /// admit it now, else the one that can soonest (a member paused by its provider waits
-    /// out its pause there). Members ejected for failing are passed over while another can
-    /// take the call, and so are members whose own budget can't pay for it; the member chosen
-    /// pays its budget with the call.
+    /// The next attempt's turn: its member (the call's upstream, without a pool), its call
+    /// there, admitted, and how many other members it could still move to. The key it was
+    /// admitted at is counted as seen and admitted.
     pub(crate) async fn admit(
         &mut self,
         attempts: &mut Attempts,
         current: &Arc<ReadyUpstream>,
-    ) -> Result<(Arc<ReadyUpstream>, Call), NotAdmitted> {
-        if self.members.is_empty() {
+    ) -> Result<Turn, NotAdmitted> {
+        let pooled = !self.pool.members.is_empty();
+        // Whether a member the call has not yet failed at is left beside the one it goes to.
+        let another = self.pool.members.len() > self.failed.len() + 1;
+        let (member, call) = if pooled {
+            self.choose(attempts).await?
+        } else {
             let key = attempts.estimated().key();
             self.shared
                 .carry(key.split('@').next().unwrap_or(key))
                 .await;
-            return Ok((
-                Arc::clone(current),
-                attempts.admit().await.map_err(NotAdmitted::Gate)?,
-            ));
-        }
+            let call = attempts.admit().await.map_err(NotAdmitted::Gate)?;
+            (Arc::clone(current), call)
+        };
+        let others = if pooled { self.others(&member) } else { 0 };
+        member.saw_key(call.key());
+        self.shared.live.admitted(call.key());
+        Ok(Turn {
+            member,
+            call,
+            others,
+            another,
+            pooled,
+            attempt_timeout: self.pool.attempt_timeout,
+        })
+    }
+
+    /// The member of a pool the next attempt goes to, and its call there: the first member
+    /// (from a rotating start) that can admit it now, else the one that can soonest (a member
+    /// paused by its provider waits out its pause there). Members ejected for failing are
+    /// passed over while another can take the call, and so are members whose own budget can't
+    /// pay for it; the member chosen pays its budget with the call.
+    async fn choose(
+        &mut self,
+        attempts: &mut Attempts,
+    ) -> Result<(Arc<ReadyUpstream>, Call), NotAdmitted> {
         let mut best: Option<(Arc<ReadyUpstream>, Duration)> = None;
         let mut failure = None;
         let mut spent = None;
@@ -172,6 +153,7 @@ impl<'a> Members<'a> {
     fn candidates(&self) -> Vec<Arc<ReadyUpstream>> {
         let now = Instant::now();
         let untried: Vec<Arc<ReadyUpstream>> = self
+            .pool
             .members
             .iter()
             .filter(|m| !self.failed.contains(&m.name))
@@ -187,7 +169,7 @@ impl<'a> Members<'a> {
         } else if !untried.is_empty() {
             untried
         } else {
-            self.members.clone()
+            self.pool.members.clone()
         };
         let start = self.shared.next_member.fetch_add(1, Ordering::Relaxed);
         let count = candidates.len();
@@ -231,7 +213,8 @@ impl<'a> Members<'a> {
     /// Members other than `member` this call could still move to (not failed it, not ejected).
     fn others(&self, member: &ReadyUpstream) -> usize {
         let now = Instant::now();
-        self.members
+        self.pool
+            .members
             .iter()
             .filter(|m| m.name != member.name && !self.failed.contains(&m.name))
             .filter(|m| !m.health.ejected(now))
@@ -250,9 +233,9 @@ impl<'a> Members<'a> {
         self.failed.push(member.name.clone());
         let now = Instant::now();
         let ejected = if spent_quota {
-            member.health.spent(now, self.ejection)
+            member.health.spent(now, self.pool.ejection)
         } else {
-            member.health.failed(now, self.ejection)
+            member.health.failed(now, self.pool.ejection)
         };
         if let Some(time) = ejected {
             member.metrics.ejected.increment(1);

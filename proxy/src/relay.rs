@@ -1,9 +1,9 @@
 //! The body the client reads: one the proxy wrote, or the upstream's, handed on as it comes.
 //! A metered one goes through the library's [`MeteredBody`] body (usage read on the way, the call
-//! settled at its end, generated text counted when no usage comes); every upstream body is cut
-//! when it goes silent longer than its upstream's `chunk_timeout`.
+//! settled at its end, generated text counted when no usage comes), and every one is cut when
+//! its client stops reading it. The answer's head goes on without the headers that belong to
+//! one connection (a rule the request's head, going upstream, keeps too).
 
-use std::future::Future as _;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -13,10 +13,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use metrics::Counter;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 use tollgate::http::MeteredBody;
 
-use crate::upstream::{BoxError, UpstreamBody};
+use crate::upstream::{BoxError, Gapped, UpstreamBody};
 
 /// A response body: one the proxy wrote, or the upstream's, metered or not.
 pub struct Relay {
@@ -330,79 +330,6 @@ impl Drop for Relay {
     }
 }
 
-/// A body that fails when it goes `gap` without a frame: an upstream that stalls can't hold
-/// the client (or the proxy) for ever.
-pub(crate) struct Gapped<B> {
-    inner: B,
-    gap: Duration,
-    timer: Pin<Box<Sleep>>,
-    stalled: Counter,
-}
-
-impl<B> Gapped<B> {
-    pub(crate) fn new(inner: B, gap: Duration, stalled: Counter) -> Gapped<B> {
-        Gapped {
-            inner,
-            gap,
-            timer: Box::pin(tokio::time::sleep(gap)),
-            stalled,
-        }
-    }
-}
-
-/// An upstream body that went silent too long.
-#[derive(Debug)]
-pub(crate) struct Stalled(Duration);
-
-impl std::fmt::Display for Stalled {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "the upstream sent nothing for {:?}; its answer was cut",
-            self.0
-        )
-    }
-}
-
-impl std::error::Error for Stalled {}
-
-impl<B> Body for Gapped<B>
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<BoxError>,
-{
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(frame) => {
-                this.timer.as_mut().reset(Instant::now() + this.gap);
-                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
-            }
-            Poll::Pending => match this.timer.as_mut().poll(cx) {
-                Poll::Ready(()) => {
-                    this.stalled.increment(1);
-                    Poll::Ready(Some(Err(Box::new(Stalled(this.gap)))))
-                }
-                Poll::Pending => Poll::Pending,
-            },
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
 /// How long a client may leave an answer unread, and what counts it.
 #[derive(Clone)]
 pub(crate) struct Unread {
@@ -695,6 +622,48 @@ pub(crate) fn mask_headers(secrets: &Secrets, headers: &mut http::HeaderMap) {
         {
             *value = masked;
         }
+    }
+}
+
+/// The upstream's answer as the client gets it: its head without the headers that belong to
+/// the proxy's connection with the upstream, and `body`.
+pub(crate) fn relayed(head: http::response::Parts, body: Relay) -> http::Response<Relay> {
+    let mut response = http::Response::new(body);
+    *response.status_mut() = head.status;
+    let mut headers = head.headers;
+    strip_hop_by_hop(&mut headers);
+    *response.headers_mut() = headers;
+    response
+}
+
+/// The headers that belong to one connection, never forwarded (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Removes the headers that belong to one connection, and those its `connection` header
+/// names: neither a request nor an answer carries them on to the next hop.
+pub(crate) fn strip_hop_by_hop(headers: &mut http::HeaderMap) {
+    let named: Vec<http::HeaderName> = headers
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| http::HeaderName::try_from(name.trim()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
     }
 }
 

@@ -160,131 +160,196 @@ pub(crate) fn speaks(headers: &http::HeaderMap) -> Option<Family> {
     }
 }
 
-/// The route phase: where the request goes, or why it goes nowhere (answered in the shape its
-/// client speaks).
-pub(crate) fn phase(
-    upstreams: &[Upstream],
-    other: OtherPaths,
-    head: &http::request::Parts,
-) -> Result<Route, Reject> {
-    let path_and_query = head.uri.path_and_query().map_or("/", |p| p.as_str());
-    route(upstreams, other, &head.method, &head.headers, path_and_query).map_err(|no| match no {
-        NoRoute::Malformed => Reject::new(
-            ErrorKind::Invalid,
-            "tollgate-proxy: this path is never forwarded (`..`, `//`, `;`, or a percent-encoding of anything but a letter, a digit or -._~)",
-        )
-        .shaped(speaks(&head.headers).unwrap_or(Family::OpenAi)),
-        NoRoute::Refused { hint, family } => {
-            Reject::new(ErrorKind::NotFound, hint).shaped(family)
-        }
-    })
+/// One upstream as its routes see it, read from its configuration once.
+#[derive(Debug, Clone)]
+pub(crate) struct Mount {
+    name: String,
+    /// The path prefix it is mounted at.
+    mount: String,
+    family: Family,
+    /// The prefix taken off a path before it is forwarded.
+    strip: String,
+    /// Its base URL's path, without a final slash.
+    base: String,
 }
 
-/// The route of a request.
-pub(crate) fn route(
-    upstreams: &[Upstream],
+/// Every upstream's routes, read from the configuration once, and what becomes of a path no
+/// upstream meters.
+#[derive(Debug, Clone)]
+pub(crate) struct Routes {
+    mounts: Vec<Mount>,
     other: OtherPaths,
-    method: &http::Method,
-    headers: &http::HeaderMap,
-    path_and_query: &str,
-) -> Result<Route, NoRoute> {
-    let (raw, query) = match path_and_query.split_once('?') {
-        Some((path, query)) => (path, Some(query)),
-        None => (path_and_query, None),
-    };
-    let normalized = normalize(raw).ok_or(NoRoute::Malformed)?;
-    let path = normalized.as_str();
+}
+
+impl Routes {
+    /// The routes of `upstreams`, in the configuration's order.
+    pub(crate) fn new(upstreams: &[Upstream], other: OtherPaths) -> Routes {
+        let mounts = upstreams
+            .iter()
+            .map(|u| Mount {
+                name: u.name.clone(),
+                mount: u.mount.clone(),
+                family: u.family(),
+                strip: u.strip.clone(),
+                base: u.url.path().trim_end_matches('/').to_owned(),
+            })
+            .collect();
+        Routes { mounts, other }
+    }
+
+    /// The route phase: where the request goes, or why it goes nowhere (answered in the
+    /// shape its client speaks).
+    pub(crate) fn phase(&self, head: &http::request::Parts) -> Result<Route, Reject> {
+        let path_and_query = head.uri.path_and_query().map_or("/", |p| p.as_str());
+        self.route(&head.method, &head.headers, path_and_query)
+            .map_err(|no| match no {
+                NoRoute::Malformed => Reject::new(
+                    ErrorKind::Invalid,
+                    "tollgate-proxy: this path is never forwarded (`..`, `//`, `;`, or a percent-encoding of anything but a letter, a digit or -._~)",
+                )
+                .shaped(speaks(&head.headers).unwrap_or(Family::OpenAi)),
+                NoRoute::Refused { hint, family } => {
+                    Reject::new(ErrorKind::NotFound, hint).shaped(family)
+                }
+            })
+    }
+
+    /// The route of a request.
+    pub(crate) fn route(
+        &self,
+        method: &http::Method,
+        headers: &http::HeaderMap,
+        path_and_query: &str,
+    ) -> Result<Route, NoRoute> {
+        let (raw, query) = match path_and_query.split_once('?') {
+            Some((path, query)) => (path, Some(query)),
+            None => (path_and_query, None),
+        };
+        let normalized = normalize(raw).ok_or(NoRoute::Malformed)?;
+        let path = clean(&normalized)?;
+        let (index, kind, name) = self.served(method, headers, path)?;
+        let mount = &self.mounts[index];
+        same_shape(mount, headers)?;
+        Ok(Route {
+            upstream: index,
+            kind,
+            path: forwarded(mount, path, query),
+            name,
+        })
+    }
+
+    /// The upstream that serves `path` (normalized), how, and under what name: the longest
+    /// mount that holds the path wins; among upstreams on it, the first that meters the path,
+    /// then the first that serves it free, then (where other paths pass) the first.
+    fn served(
+        &self,
+        method: &http::Method,
+        headers: &http::HeaderMap,
+        path: &str,
+    ) -> Result<(usize, RouteKind, &'static str), NoRoute> {
+        let refused = || {
+            let family = speaks(headers)
+                .or_else(|| {
+                    self.mounts
+                        .iter()
+                        .filter(|m| under(path, &m.mount).is_some())
+                        .max_by_key(|m| m.mount.len())
+                        .map(|m| m.family)
+                })
+                .unwrap_or(Family::OpenAi);
+            NoRoute::Refused {
+                hint: hint(&self.mounts, headers, path),
+                family,
+            }
+        };
+        let Some(longest) = self
+            .mounts
+            .iter()
+            .filter(|m| under(path, &m.mount).is_some())
+            .map(|m| m.mount.len())
+            .max()
+        else {
+            return Err(refused());
+        };
+        let candidates = || {
+            self.mounts
+                .iter()
+                .enumerate()
+                .filter(move |(_, m)| m.mount.len() == longest && under(path, &m.mount).is_some())
+        };
+        let served = |wanted: RouteKind| {
+            candidates().find_map(|(i, m)| {
+                let rest = under(path, &m.mount).unwrap_or_default();
+                match kind_of(m.family, method, rest) {
+                    Some((kind, name)) if kind == wanted => Some((i, kind, name)),
+                    _ => None,
+                }
+            })
+        };
+        let found = served(RouteKind::Metered).or_else(|| served(RouteKind::Free));
+        match (found, self.other) {
+            (Some(found), _) => Ok(found),
+            (None, OtherPaths::Pass) => {
+                let (i, _) = candidates().next().ok_or_else(refused)?;
+                Ok((i, RouteKind::Passed, "other"))
+            }
+            (None, OtherPaths::Refuse) => Err(refused()),
+        }
+    }
+}
+
+/// A normalized path as it is routed: never one that climbs (`..`, `.`) or hides another
+/// (`//`); a final slash dropped (`/v1/chat/completions/` is the same call to servers that
+/// drop or redirect it).
+fn clean(path: &str) -> Result<&str, NoRoute> {
     if !path.starts_with('/')
         || path.split('/').skip(1).any(|s| s == ".." || s == ".")
         || path.contains("//")
     {
         return Err(NoRoute::Malformed);
     }
-    // `/v1/chat/completions/` is the same call to servers that drop or redirect a final slash.
-    let path = match path.strip_suffix('/') {
+    Ok(match path.strip_suffix('/') {
         Some(trimmed) if !trimmed.is_empty() => trimmed,
         _ => path,
-    };
-    let refused = |hint: String| {
-        let family = speaks(headers)
-            .or_else(|| {
-                upstreams
-                    .iter()
-                    .filter(|u| under(path, &u.mount).is_some())
-                    .max_by_key(|u| u.mount.len())
-                    .map(Upstream::family)
-            })
-            .unwrap_or(Family::OpenAi);
-        NoRoute::Refused { hint, family }
-    };
-    // The longest mount that holds the path wins; among upstreams on it, the first that
-    // meters the path, then the first that serves it free.
-    let Some(longest) = upstreams
-        .iter()
-        .filter(|u| under(path, &u.mount).is_some())
-        .map(|u| u.mount.len())
-        .max()
-    else {
-        return Err(refused(hint(upstreams, headers, path)));
-    };
-    let candidates = || {
-        upstreams
-            .iter()
-            .enumerate()
-            .filter(move |(_, u)| u.mount.len() == longest && under(path, &u.mount).is_some())
-    };
-    let served = |wanted: RouteKind| {
-        candidates().find_map(|(i, u)| {
-            let rest = under(path, &u.mount).unwrap_or_default();
-            match kind_of(u.family(), method, rest) {
-                Some((kind, name)) if kind == wanted => Some((i, kind, name)),
-                _ => None,
-            }
-        })
-    };
-    let found = served(RouteKind::Metered).or_else(|| served(RouteKind::Free));
-    let (index, kind, name) = match (found, other) {
-        (Some(found), _) => found,
-        (None, OtherPaths::Pass) => {
-            let (i, _) = candidates()
-                .next()
-                .ok_or_else(|| refused(hint(upstreams, headers, path)))?;
-            (i, RouteKind::Passed, "other")
-        }
-        (None, OtherPaths::Refuse) => return Err(refused(hint(upstreams, headers, path))),
-    };
-    let upstream = &upstreams[index];
-    // A request in the other provider's shape never goes on with its key.
-    match (upstream.family(), speaks(headers)) {
+    })
+}
+
+/// Refuses a request in the other provider's shape: it never goes on with its key.
+fn same_shape(mount: &Mount, headers: &http::HeaderMap) -> Result<(), NoRoute> {
+    match (mount.family, speaks(headers)) {
         (Family::Anthropic, Some(Family::OpenAi)) if !headers.contains_key("x-api-key") => {
-            return Err(NoRoute::Refused {
+            Err(NoRoute::Refused {
                 hint: format!(
                     "this is an OpenAI-style request (a bearer key, no anthropic-version) at upstream `{}`, which speaks Anthropic's API; it was not forwarded",
-                    upstream.name
+                    mount.name
                 ),
                 family: Family::OpenAi,
-            });
+            })
         }
         (Family::OpenAi | Family::Azure | Family::Voyage, Some(Family::Anthropic)) => {
-            return Err(NoRoute::Refused {
+            Err(NoRoute::Refused {
                 hint: format!(
                     "this is an Anthropic request (anthropic-version) at upstream `{}`, which speaks {} API; it was not forwarded with its key. Point the Anthropic SDK at an anthropic upstream's mount",
-                    upstream.name,
-                    if upstream.family() == Family::Voyage {
+                    mount.name,
+                    if mount.family == Family::Voyage {
                         "Voyage's"
                     } else {
                         "OpenAI's"
                     }
                 ),
                 family: Family::Anthropic,
-            });
+            })
         }
-        _ => {}
+        _ => Ok(()),
     }
-    let rest = strip(upstream, under(path, &upstream.mount).unwrap_or_default());
-    let base = upstream.url.path().trim_end_matches('/');
-    let mut forward = String::with_capacity(base.len() + rest.len() + 1);
-    forward.push_str(base);
+}
+
+/// The path (and query) sent to the upstream: its base URL's path, then the routed path under
+/// the mount, less the upstream's `strip` prefix.
+fn forwarded(mount: &Mount, path: &str, query: Option<&str>) -> String {
+    let rest = strip(mount, under(path, &mount.mount).unwrap_or_default());
+    let mut forward = String::with_capacity(mount.base.len() + rest.len() + 1);
+    forward.push_str(&mount.base);
     forward.push_str(rest);
     if forward.is_empty() {
         forward.push('/');
@@ -293,19 +358,14 @@ pub(crate) fn route(
         forward.push('?');
         forward.push_str(query);
     }
-    Ok(Route {
-        upstream: index,
-        kind,
-        path: forward,
-        name,
-    })
+    forward
 }
 
 /// The path less the upstream's `strip` prefix.
-fn strip<'p>(upstream: &Upstream, rest: &'p str) -> &'p str {
-    match rest.strip_prefix(upstream.strip.as_str()) {
+fn strip<'p>(mount: &Mount, rest: &'p str) -> &'p str {
+    match rest.strip_prefix(mount.strip.as_str()) {
         Some(stripped)
-            if !upstream.strip.is_empty() && (stripped.is_empty() || stripped.starts_with('/')) =>
+            if !mount.strip.is_empty() && (stripped.is_empty() || stripped.starts_with('/')) =>
         {
             stripped
         }
@@ -314,11 +374,11 @@ fn strip<'p>(upstream: &Upstream, rest: &'p str) -> &'p str {
 }
 
 /// What a refused path most likely meant.
-fn hint(upstreams: &[Upstream], headers: &http::HeaderMap, path: &str) -> String {
+fn hint(mounts: &[Mount], headers: &http::HeaderMap, path: &str) -> String {
     let meters = |candidate: &str| {
-        upstreams.iter().find(|u| {
-            under(candidate, &u.mount)
-                .is_some_and(|rest| kind_of(u.family(), &http::Method::POST, rest).is_some())
+        mounts.iter().find(|m| {
+            under(candidate, &m.mount)
+                .is_some_and(|rest| kind_of(m.family, &http::Method::POST, rest).is_some())
         })
     };
     // A doubled /v1: a base URL that ends in /v1 for a client that adds its own (Anthropic's
@@ -338,15 +398,15 @@ fn hint(upstreams: &[Upstream], headers: &http::HeaderMap, path: &str) -> String
     }
     // Anthropic's path where only OpenAI-style upstreams are mounted, or the reverse.
     let anthropic_shape = speaks(headers) == Some(Family::Anthropic) || path.ends_with("/messages");
-    if anthropic_shape && !upstreams.iter().any(|u| u.family() == Family::Anthropic) {
+    if anthropic_shape && !mounts.iter().any(|m| m.family == Family::Anthropic) {
         return format!(
             "`{path}` is Anthropic's API, and no upstream here speaks it: configure an upstream with profile = \"anthropic\""
         );
     }
-    let metered: Vec<String> = upstreams
+    let metered: Vec<String> = mounts
         .iter()
-        .flat_map(|u| {
-            let paths: &[&str] = match u.family() {
+        .flat_map(|m| {
+            let paths: &[&str] = match m.family {
                 Family::OpenAi => &[
                     "/v1/chat/completions",
                     "/v1/responses",
@@ -357,7 +417,7 @@ fn hint(upstreams: &[Upstream], headers: &http::HeaderMap, path: &str) -> String
                 Family::Anthropic => &["/v1/messages"],
                 Family::Voyage => &["/v1/embeddings", "/v1/rerank"],
             };
-            paths.iter().map(move |p| format!("{}{p}", u.mount))
+            paths.iter().map(move |p| format!("{}{p}", m.mount))
         })
         .collect();
     format!(
@@ -371,6 +431,17 @@ mod tests {
     use super::*;
     use crate::config::{Config, LimitsFrom};
     use http::{HeaderMap, Method};
+
+    /// The route of a request among `upstreams`.
+    fn route(
+        upstreams: &[Upstream],
+        other: OtherPaths,
+        method: &Method,
+        headers: &HeaderMap,
+        path_and_query: &str,
+    ) -> Result<Route, NoRoute> {
+        Routes::new(upstreams, other).route(method, headers, path_and_query)
+    }
 
     fn upstreams() -> Vec<Upstream> {
         let mut gemini = Upstream::new(

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::OwnedSemaphorePermit;
 use tollgate::http::{Attempts, Settlement};
 
+use crate::admit::Prepared;
 use crate::exchange::Exchange;
 use crate::keys::{BUDGET, TENANT_PART};
 
@@ -83,18 +84,15 @@ struct Settling {
     alone: Option<OwnedSemaphorePermit>,
 }
 
-/// Has `attempts` settle the exchange's call as the module says, writing `log`.
-pub(crate) fn on_settled(
-    exchange: &Exchange<'_>,
-    attempts: &mut Attempts,
-    log: &Arc<Mutex<CallLog>>,
-    hidden: Option<(String, String)>,
-    alone: Option<OwnedSemaphorePermit>,
-) {
+/// Has the prepared call settle as the module says; the log line it writes, which the
+/// attempts fill.
+pub(crate) fn on_settled(exchange: &Exchange<'_>, prepared: &mut Prepared) -> Arc<Mutex<CallLog>> {
+    let log = Arc::new(Mutex::new(CallLog::of(exchange, &prepared.attempts)));
     let (shared, upstream, tenant) = (exchange.shared, &exchange.upstream, &exchange.tenant);
     let upstream_budget = format!("{}upstream:", BUDGET);
+    let attempts = &prepared.attempts;
     let settling = Settling {
-        log: Arc::clone(log),
+        log: Arc::clone(&log),
         settled: upstream.metrics.settled_tokens.clone(),
         model_label: attempts
             .estimated()
@@ -115,10 +113,11 @@ pub(crate) fn on_settled(
         tenant_key: tenant
             .as_ref()
             .map(|t| format!("{}:{TENANT_PART}{}", upstream.name, t.name)),
-        budgets: crate::admit::budgets(shared, upstream, tenant.as_ref())
-            .into_iter()
-            .map(|(key, _, _)| key)
+        budgets: prepared
+            .budgets
+            .iter()
             .filter(|key| !key.starts_with(&upstream_budget))
+            .cloned()
             .collect(),
         upstream_budget,
         member_budgets: shared
@@ -129,12 +128,15 @@ pub(crate) fn on_settled(
             .collect(),
         learned: Arc::clone(&shared.hidden),
         records: Arc::clone(&shared.owners),
-        hidden,
-        alone,
+        hidden: prepared.hidden.clone(),
+        alone: prepared.alone.take(),
     };
-    attempts.on_settled(Box::new(move |settlement: &Settlement| {
-        settling.settle(settlement);
-    }));
+    prepared
+        .attempts
+        .on_settled(Box::new(move |settlement: &Settlement| {
+            settling.settle(settlement);
+        }));
+    log
 }
 
 impl Settling {

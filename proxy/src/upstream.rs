@@ -1,17 +1,22 @@
 //! The upstream's body as the proxy reads it: its first frame, when a pool's attempt read it
 //! ahead (a member that sends a head and then nothing has not answered), then the rest; and
 //! decoded, when it came compressed although the proxy asked for none (the organisation's keys
-//! can only be masked, and the usage read, in the bytes as written).
+//! can only be masked, and the usage read, in the bytes as written); and cut when it goes
+//! silent longer than its upstream's `chunk_timeout` ([`Gapped`]).
 
+use std::future::Future as _;
 use std::io::Write as _;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::HeaderMap;
 use http::header::{CONTENT_ENCODING, CONTENT_LENGTH};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
+use metrics::Counter;
+use tokio::time::{Instant, Sleep};
 
 /// An error of an upstream's body, and of the body the client reads.
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -274,5 +279,83 @@ fn decoder_finish(upstream: &mut UpstreamBody) -> std::io::Result<()> {
     match upstream.decoder.as_mut() {
         Some(decoder) => decoder.finish(),
         None => Ok(()),
+    }
+}
+
+/// A body that fails when it goes `gap` without a frame: an upstream that stalls can't hold
+/// the client (or the proxy) for ever.
+pub(crate) struct Gapped<B> {
+    inner: B,
+    gap: Duration,
+    timer: Pin<Box<Sleep>>,
+    stalled: Counter,
+}
+
+impl<B> Gapped<B> {
+    pub(crate) fn new(inner: B, gap: Duration, stalled: Counter) -> Gapped<B> {
+        Gapped {
+            inner,
+            gap,
+            timer: Box::pin(tokio::time::sleep(gap)),
+            stalled,
+        }
+    }
+
+    /// The body it bounds, unbounded again.
+    pub(crate) fn into_inner(self) -> B {
+        self.inner
+    }
+}
+
+/// An upstream body that went silent too long.
+#[derive(Debug)]
+pub(crate) struct Stalled(Duration);
+
+impl std::fmt::Display for Stalled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the upstream sent nothing for {:?}; its answer was cut",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for Stalled {}
+
+impl<B> Body for Gapped<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                this.timer.as_mut().reset(Instant::now() + this.gap);
+                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
+            }
+            Poll::Pending => match this.timer.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    this.stalled.increment(1);
+                    Poll::Ready(Some(Err(Box::new(Stalled(this.gap)))))
+                }
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }

@@ -20,9 +20,7 @@ use tollgate::http::models::Model;
 use tollgate::http::{Gate, Profile};
 use tollgate::{Limits, Registry};
 
-use crate::config::{
-    Bounds, Config, Family, KeyPaths, LimitsFrom, OtherPaths, TenantFrom, Tier, Upstream,
-};
+use crate::config::{Bounds, Config, Family, KeyPaths, LimitsFrom, TenantFrom, Tier, Upstream};
 use crate::metrics::{Metrics, ProxyMetrics, UpstreamMetrics};
 use crate::tenant::Tenancy;
 
@@ -68,8 +66,8 @@ pub(crate) struct ReadyUpstream {
 /// Everything the requests share.
 pub(crate) struct Shared {
     pub(crate) upstreams: Vec<Arc<ReadyUpstream>>,
-    pub(crate) routes: Vec<Upstream>,
-    pub(crate) other: OtherPaths,
+    /// Where each path goes.
+    pub(crate) routes: crate::route::Routes,
     pub(crate) max_body: usize,
     pub(crate) bounds: Bounds,
     pub(crate) tenancy: Tenancy,
@@ -307,8 +305,7 @@ impl Shared {
         };
         Ok(Shared {
             upstreams,
-            routes: config.upstreams.clone(),
-            other: config.other_paths,
+            routes: crate::route::Routes::new(&config.upstreams, config.other_paths),
             max_body: config.max_body,
             bounds: config.bounds.clone(),
             tenancy,
