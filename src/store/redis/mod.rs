@@ -381,7 +381,7 @@ impl RedisStore {
                 ));
             }
             (Op::Penalize { .. }, Reply::Emptied { emptied, .. }) => Outcome::Emptied(emptied),
-            (Op::Sync(_), Reply::Synced { synced, .. }) => Outcome::Synced(Box::new(synced)),
+            (Op::Sync(_), Reply::Synced { synced, .. }) => Outcome::Synced(synced),
             (Op::Settle { .. }, Reply::Settled { delta, .. }) => Outcome::Settled(delta),
             (Op::Acquire { .. }, Reply::Queued { id, due_in_ms, .. }) => Outcome::Queued {
                 ticket: Ticket::new(id),

@@ -219,7 +219,9 @@ pub(super) enum Reply {
         now_ms: u64,
     },
     Synced {
-        synced: crate::store::Synced,
+        /// Boxed, as in [`Outcome::Synced`](crate::store::Outcome::Synced): the rare large
+        /// answer would otherwise make every reply as large.
+        synced: Box<crate::store::Synced>,
         now_ms: u64,
     },
     Settled {
@@ -340,7 +342,7 @@ pub(super) fn parse_reply(value: Value) -> Option<Reply> {
                 },
             };
             Reply::Synced {
-                synced,
+                synced: Box::new(synced),
                 now_ms: uint(19)?,
             }
         }
