@@ -44,12 +44,19 @@ impl Drop for WaiterSlot<'_> {
 struct TicketGuard<'a, S: Store> {
     limiter: &'a Limiter<S>,
     ticket: Option<Ticket>,
+    /// What the call would pay, given back if its ticket was charged at its due time.
+    cost: Cost,
+    /// A question about the ticket is on its way: if the call goes away meanwhile, the answer's
+    /// [`Delivery`] gives the ticket up (or back), knowing what came of it.
+    asking: bool,
 }
 
 impl<S: Store> Drop for TicketGuard<'_, S> {
     fn drop(&mut self) {
         if let Some(ticket) = self.ticket.take() {
-            self.limiter.settle_in_background(Op::Cancel { ticket });
+            if !self.asking {
+                self.limiter.give_up_in_background(ticket, self.cost);
+            }
             self.limiter.inner.line.moved(ticket.id());
         }
     }
@@ -76,7 +83,17 @@ impl<S: Store> Delivery<S> {
 impl<S: Store> Drop for Delivery<S> {
     fn drop(&mut self) {
         let undo = match (&self.op, self.result.take()) {
-            (_, Some(Ok(Outcome::Queued { ticket, .. }))) => Op::Cancel { ticket },
+            (_, Some(Ok(Outcome::Queued { ticket, .. }))) => {
+                return self.limiter.give_up_in_background(ticket, self.charged);
+            }
+            // A holder that went away while it asked: its ticket is still held, or its
+            // question failed and it may be.
+            (
+                Op::Admit { ticket, .. },
+                Some(Ok(Outcome::NotYet(_) | Outcome::Behind(_)) | Err(_)),
+            ) => {
+                return self.limiter.give_up_in_background(*ticket, self.charged);
+            }
             (Op::Acquire { .. } | Op::Admit { .. }, Some(Ok(Outcome::Admitted))) => Op::Adjust {
                 delta: self.charged.per_currency().map(clamp_refund),
             },
@@ -293,6 +310,40 @@ impl<S: Store> Limiter<S> {
         }
     }
 
+    /// Gives `ticket` up without waiting for it: cancelled, and, if it was promised and
+    /// charged at its due time already, `cost` given back.
+    fn give_up_in_background(&self, ticket: Ticket, cost: Cost) {
+        let refund = Op::Adjust {
+            delta: cost.per_currency().map(clamp_refund),
+        };
+        let inner = &self.inner;
+        if let Some(result) = inner.store.apply_now(&inner.bound, Op::Cancel { ticket }) {
+            if let Ok(Outcome::Admitted) = result {
+                self.settle_in_background(refund);
+            }
+            return;
+        }
+        if tokio::runtime::Handle::try_current().is_ok() {
+            let limiter = self.clone();
+            tokio::spawn(async move {
+                let bound = &limiter.inner.bound;
+                let result = limiter
+                    .inner
+                    .store
+                    .apply(bound, Op::Cancel { ticket })
+                    .await;
+                limiter.inner.note(&result);
+                let result = match result {
+                    Ok(Outcome::Admitted) => limiter.inner.store.apply(bound, refund).await,
+                    other => other,
+                };
+                if let Err(err) = result {
+                    tracing::warn!(key = %limiter.inner.key, error = %err, "could not give back what a dropped call took");
+                }
+            });
+        }
+    }
+
     pub(super) fn timeout(&self, start: Instant, needed: Option<Duration>) -> Error {
         self.meters().timeouts.increment(1);
         Error::Timeout {
@@ -389,12 +440,24 @@ impl<S: Store> Limiter<S> {
             guard: TicketGuard {
                 limiter: self,
                 ticket: Some(ticket),
+                cost,
+                asking: false,
             },
             failures: self.inner.health().map(|h| h.subscribe()),
             nudge,
             attempt: 0,
         };
-        waiter.run(due_in).await
+        // A ticket not to fly may be promised: at its due time it asks at once, whoever is
+        // ahead of it, and passes without the store's transitions if the promise held.
+        let first = if fly {
+            Stage::Sleeping {
+                sleep: due_in,
+                precise: false,
+            }
+        } else {
+            Stage::Due { sleep: due_in }
+        };
+        waiter.run(first).await
     }
 
     /// The longest a call may be queued for: none while refunds may still come (the schedule
@@ -413,6 +476,9 @@ impl<S: Store> Limiter<S> {
 /// cuts short (a [`Error::Timeout`]) and a store failure ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stage {
+    /// Sleeps until its new ticket is due, then asks, whoever is ahead: a promised ticket
+    /// passes at its due time, and its holder is told so. A ring makes it ask at once.
+    Due { sleep: Duration },
     /// Sleeps until its ticket is due, or until an answer's hint: `precise` when it is first
     /// in line and its tokens exist at the hint. A ring (a refund or a penalty planning the
     /// line again) makes it ask at once.
@@ -438,7 +504,10 @@ impl Stage {
     fn woke(self, woke: Woke, stand_if_behind: impl FnOnce() -> bool) -> Stage {
         match (self, woke) {
             // Sleeping until due (or a hint), a nudge is a ring: the line is planned again.
-            (Stage::Sleeping { .. }, Woke::Nudged) => Stage::Asking { rung: true },
+            (Stage::Sleeping { .. } | Stage::Due { .. }, Woke::Nudged) => {
+                Stage::Asking { rung: true }
+            }
+            (Stage::Due { .. }, Woke::Timer) => Stage::Asking { rung: false },
             // Behind or standing, the nudge is the call ahead passing: its turn.
             (Stage::Behind { .. } | Stage::Standing, Woke::Nudged) => Stage::Asking { rung: false },
             // Stood once already: ask, which renews the lease however long the call ahead takes.
@@ -506,14 +575,11 @@ struct Waiter<'a, S: Store> {
 }
 
 impl<S: Store> Waiter<'_, S> {
-    /// Runs the stages from a ticket due in `due_in` until the call passes or fails.
-    async fn run(&mut self, due_in: Duration) -> Result<Permit<S>, Error> {
-        let mut stage = Stage::Sleeping {
-            sleep: due_in,
-            precise: false,
-        };
+    /// Runs the stages from `stage` until the call passes or fails.
+    async fn run(&mut self, mut stage: Stage) -> Result<Permit<S>, Error> {
         loop {
             stage = match stage {
+                Stage::Due { sleep } => self.sleep(stage, sleep, false).await?,
                 Stage::Sleeping { sleep, precise } => self.sleep(stage, sleep, precise).await?,
                 Stage::Behind { sleep } => self.sleep(stage, sleep, false).await?,
                 Stage::Standing => self.sleep(stage, LINE_PATIENCE, false).await?,
@@ -573,7 +639,14 @@ impl<S: Store> Waiter<'_, S> {
             ticket,
             fly: self.fly,
         };
+        self.guard.asking = true;
         let called = limiter.call(op, self.cost, self.deadline).await;
+        // A deadline that passed before the answer leaves the ticket to the answer's delivery.
+        if called.is_err() {
+            self.guard.ticket = None;
+            limiter.inner.line.moved(ticket.id());
+        }
+        self.guard.asking = false;
         let outcome = limiter.answer(called, self.start)?;
         if let Some(permit) = limiter.passed(&outcome, self.cost, self.start.elapsed()) {
             self.guard.ticket = None;
