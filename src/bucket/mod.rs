@@ -26,11 +26,19 @@
 //! A call that can't pass at once takes a *ticket*: its place in the key's queue, with the
 //! instant it is *due* (when the key can pay for it after every ticket ahead of it has paid,
 //! computed on a *shadow* copy of the levels that runs ahead of the real ones). Tickets hold no
-//! tokens: the real levels are charged only when a ticket is admitted, so the window bound is
-//! the bucket's own, and a ticket given up (a dropped wait) is simply removed. A newcomer passes
-//! at once only if the key can pay for it *and* for every ticket waiting, so no later call
-//! delays an earlier one. A ticket whose holder stops asking for it (a process that died) lapses
-//! after its lease.
+//! tokens until they pass: the real levels are charged when a ticket is admitted, so the window
+//! bound is the bucket's own, and a ticket given up before then (a dropped wait) is simply
+//! removed. A newcomer passes at once only if the key can pay for it *and* for every ticket
+//! waiting, so no later call delays an earlier one. A ticket whose holder stops asking for it
+//! (a process that died) lapses after its lease.
+//!
+//! A ticket not to fly, issued when every ticket ahead of it is promised, is *promised*: the
+//! key charges it at its due time itself, before the first operation that comes after that
+//! time, and its holder passes then by reading that it was (on Redis, without running the
+//! script). Anything that moves the levels under the schedule (a pause, a lowered count, a
+//! sync, a charge or a refund) breaks every waiting ticket's promise, and those ask to pass as
+//! above. Promised tickets are always the head of the queue, so a ticket that asks can never
+//! pass ahead of one and take what its promise counted on.
 //!
 //! Nothing here reads a clock or does I/O; the stores call it with the time they trust.
 

@@ -10,19 +10,54 @@ use crate::cost::Cost;
 use crate::error::Error;
 use crate::rate::{Currencies, Currency, Limits, PerCurrency};
 
-/// A waiting call's place in a key's queue, as the store issued it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Ticket(u64);
+/// A waiting call's place in a key's queue, as the store issued it. Two tickets are the same
+/// when their identifiers are.
+#[derive(Debug, Clone, Copy)]
+pub struct Ticket {
+    id: u64,
+    /// When it is due, on the store's own clock and in its own unit (the rule book's
+    /// nanoseconds, the Redis script's milliseconds), where the store issued it: what lets its
+    /// holder claim a promised ticket (see [`Op::Admit`]).
+    due: Option<u64>,
+}
 
 impl Ticket {
     /// A ticket with the store's own identifier (for implementations of [`Store`](crate::Store)).
     pub fn new(id: u64) -> Ticket {
-        Ticket(id)
+        Ticket { id, due: None }
     }
 
     /// The store's identifier.
     pub fn id(self) -> u64 {
-        self.0
+        self.id
+    }
+
+    /// The same ticket, due at `due` on the store's clock.
+    pub(crate) fn due_at(self, due: u64) -> Ticket {
+        Ticket {
+            due: Some(due),
+            ..self
+        }
+    }
+
+    /// When it is due, on the store's clock and in its unit, if the store said (the memory
+    /// store counts nanoseconds, Redis milliseconds).
+    pub fn due(self) -> Option<u64> {
+        self.due
+    }
+}
+
+impl PartialEq for Ticket {
+    fn eq(&self, other: &Ticket) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for Ticket {}
+
+impl std::hash::Hash for Ticket {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.id.hash(state);
     }
 }
 
@@ -51,13 +86,23 @@ pub enum Op {
     /// [`Outcome::Behind`] while calls ahead of it have yet to pass, [`Outcome::NotYet`] when
     /// it is first in line but the windows (or a pause) hold it, or [`Outcome::Lost`] if the
     /// ticket lapsed.
+    ///
+    /// A ticket not to fly whose calls ahead are all promised is *promised* when issued: it is
+    /// charged at its due time by the store itself (whatever operation runs first after
+    /// it), and its holder, asking at or after that time, hears [`Outcome::Admitted`] without
+    /// being charged again; asking before it, [`Outcome::NotYet`] until then. A pause, a
+    /// lowered count, a sync, a charge or a refund between its issue and its due time breaks
+    /// the promise of every ticket waiting, which then asks to pass as any other (after a
+    /// refund, sooner than it was due).
     Admit {
         /// The ticket.
         ticket: Ticket,
         /// Remember the call as in flight once admitted (as for [`Op::Acquire`]).
         fly: bool,
     },
-    /// Gives a ticket up: it was never charged, so nothing is given back.
+    /// Gives a ticket up: [`Outcome::Done`], and nothing was charged; or
+    /// [`Outcome::Admitted`] if it was promised and already charged at its due time, and the
+    /// caller gives back what it paid.
     Cancel {
         /// The ticket.
         ticket: Ticket,
@@ -170,6 +215,7 @@ impl KeyState {
         lease: Duration,
         id: impl FnOnce() -> u64,
     ) -> Result<Outcome, Error> {
+        self.charge_due(limits, now);
         match op {
             Op::Acquire {
                 cost,
@@ -179,9 +225,18 @@ impl KeyState {
                 .acquire(limits, now, cost, max_wait, fly, lease, id)
                 .map_err(|e| Error::from_bucket(key, cost, e)),
             Op::Admit { ticket, fly } => self
-                .admit(limits, now, ticket.id(), fly, lease)
+                .admit(
+                    limits,
+                    now,
+                    ticket.id(),
+                    ticket.due().map(Nanos),
+                    fly,
+                    lease,
+                )
                 .map_err(|e| Error::from_bucket(key, Default::default(), e)),
-            Op::Cancel { ticket } => Ok(self.cancel(now, ticket.id())),
+            Op::Cancel { ticket } => {
+                Ok(self.cancel(now, ticket.id(), ticket.due().map(Nanos), lease))
+            }
             Op::Adjust { delta } => Ok(self.adjust(limits, now, delta)),
             Op::Penalize {
                 pause,

@@ -70,10 +70,33 @@ impl KeyState {
         self.queue.as_ref().map_or(Cost::default(), |q| q.pending)
     }
 
-    /// The levels changed other than by a ticket paying: the schedule must be rebuilt.
+    /// The levels changed other than by a ticket paying: the schedule must be rebuilt, and
+    /// no ticket waiting is promised any more.
     fn replan(&mut self) {
         if let Some(queue) = self.queue.as_mut() {
             queue.shadow = None;
+            queue.break_promises();
+        }
+    }
+
+    /// Promised tickets due by `now` pass: each is charged at its due time, in order, as if
+    /// its holder had asked then (it goes without asking). Runs before every operation, so
+    /// that each sees the levels as they are.
+    pub(crate) fn charge_due(&mut self, limits: &Limits, now: Nanos) {
+        let Some(queue) = self.queue.as_mut() else {
+            return;
+        };
+        let now = now.max(self.real.at);
+        while let Some(t) = queue.tickets.front().copied() {
+            if !queue.promised(&t) || t.due > now {
+                break;
+            }
+            self.real.advance(limits, t.due);
+            self.real.charge(limits, t.cost);
+            queue.remove(0);
+        }
+        if queue.tickets.is_empty() {
+            self.queue = None;
         }
     }
 
@@ -96,12 +119,18 @@ impl KeyState {
         let real = &self.real;
         let paused_until = self.paused_until;
         let queue = self.queue.get_or_insert_with(|| Box::new(Queue::new()));
+        let floor = queue.floor;
         queue.shadow.get_or_insert_with(|| {
             let mut shadow = real.clone();
             shadow.advance(limits, now.max(paused_until));
             for ticket in &queue.tickets {
                 let due = shadow.wait(limits, Cost::default(), ticket.cost);
-                let due = Nanos(saturate(u128::from(shadow.at.0) + due));
+                let mut due = Nanos(saturate(u128::from(shadow.at.0) + due));
+                // A promised ticket pays at its due time, never sooner (a cancellation ahead
+                // of it may have made room sooner, but its holder sleeps until then).
+                if ticket.promise && ticket.id > floor {
+                    due = due.max(ticket.due);
+                }
                 shadow.advance(limits, due);
                 shadow.charge(limits, ticket.cost);
             }
@@ -113,6 +142,13 @@ impl KeyState {
     /// negative: a charge that may go into debt, down to 64 bursts), to the real levels and to
     /// the schedule alike.
     fn add_delta(&mut self, limits: &Limits, delta: Delta) {
+        // A charge takes what a promise counted on; a refund lets the tickets waiting pass
+        // sooner than promised, and the limiter rings them to ask.
+        if Currency::ALL.iter().any(|&c| delta[c] != 0)
+            && let Some(queue) = self.queue.as_mut()
+        {
+            queue.break_promises();
+        }
         let apply = |levels: &mut Levels| {
             for ((c, w), level) in windows(limits).zip(levels.units.iter_mut()) {
                 let d = delta[c];

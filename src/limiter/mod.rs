@@ -432,9 +432,10 @@ impl<S: Store> Limiter<S> {
     ///
     /// Calls are admitted in the order they reached the store. One that can't pass at once
     /// takes its place in the key's queue and sleeps until it is due (when the key can pay for
-    /// it after every call ahead of it), then asks to pass; if it still can't (a call ahead was
-    /// late, a penalty came in), it sleeps the store's hint plus a jitter that grows each time
-    /// (see [`Backoff`](crate::Backoff)). When its turn would come after the deadline, the answer
+    /// it after every call ahead of it), then asks to pass: a promised ticket (see
+    /// [`Op::Admit`]) was charged at that time and passes without the store's transitions; if
+    /// it still can't (a call ahead was late, a penalty came in), it sleeps the store's hint
+    /// plus a jitter that grows each time (see [`Backoff`](crate::Backoff)). When its turn would come after the deadline, the answer
     /// is [`Error::Timeout`] at once, with the time the call would have needed; no call returns
     /// later than its deadline, store calls included.
     ///

@@ -44,12 +44,19 @@ impl Drop for WaiterSlot<'_> {
 struct TicketGuard<'a, S: Store> {
     limiter: &'a Limiter<S>,
     ticket: Option<Ticket>,
+    /// What the call would pay, given back if its ticket was charged at its due time.
+    cost: Cost,
+    /// A question about the ticket is on its way: if the call goes away meanwhile, the answer's
+    /// [`Delivery`] gives the ticket up (or back), knowing what came of it.
+    asking: bool,
 }
 
 impl<S: Store> Drop for TicketGuard<'_, S> {
     fn drop(&mut self) {
         if let Some(ticket) = self.ticket.take() {
-            self.limiter.settle_in_background(Op::Cancel { ticket });
+            if !self.asking {
+                self.limiter.give_up_in_background(ticket, self.cost);
+            }
             self.limiter.inner.line.moved(ticket.id());
         }
     }
@@ -76,7 +83,17 @@ impl<S: Store> Delivery<S> {
 impl<S: Store> Drop for Delivery<S> {
     fn drop(&mut self) {
         let undo = match (&self.op, self.result.take()) {
-            (_, Some(Ok(Outcome::Queued { ticket, .. }))) => Op::Cancel { ticket },
+            (_, Some(Ok(Outcome::Queued { ticket, .. }))) => {
+                return self.limiter.give_up_in_background(ticket, self.charged);
+            }
+            // A holder that went away while it asked: its ticket is still held, or its
+            // question failed and it may be.
+            (
+                Op::Admit { ticket, .. },
+                Some(Ok(Outcome::NotYet(_) | Outcome::Behind(_)) | Err(_)),
+            ) => {
+                return self.limiter.give_up_in_background(*ticket, self.charged);
+            }
             (Op::Acquire { .. } | Op::Admit { .. }, Some(Ok(Outcome::Admitted))) => Op::Adjust {
                 delta: self.charged.per_currency().map(clamp_refund),
             },
@@ -293,6 +310,40 @@ impl<S: Store> Limiter<S> {
         }
     }
 
+    /// Gives `ticket` up without waiting for it: cancelled, and, if it was promised and
+    /// charged at its due time already, `cost` given back.
+    fn give_up_in_background(&self, ticket: Ticket, cost: Cost) {
+        let refund = Op::Adjust {
+            delta: cost.per_currency().map(clamp_refund),
+        };
+        let inner = &self.inner;
+        if let Some(result) = inner.store.apply_now(&inner.bound, Op::Cancel { ticket }) {
+            if let Ok(Outcome::Admitted) = result {
+                self.settle_in_background(refund);
+            }
+            return;
+        }
+        if tokio::runtime::Handle::try_current().is_ok() {
+            let limiter = self.clone();
+            tokio::spawn(async move {
+                let bound = &limiter.inner.bound;
+                let result = limiter
+                    .inner
+                    .store
+                    .apply(bound, Op::Cancel { ticket })
+                    .await;
+                limiter.inner.note(&result);
+                let result = match result {
+                    Ok(Outcome::Admitted) => limiter.inner.store.apply(bound, refund).await,
+                    other => other,
+                };
+                if let Err(err) = result {
+                    tracing::warn!(key = %limiter.inner.key, error = %err, "could not give back what a dropped call took");
+                }
+            });
+        }
+    }
+
     pub(super) fn timeout(&self, start: Instant, needed: Option<Duration>) -> Error {
         self.meters().timeouts.increment(1);
         Error::Timeout {
@@ -339,7 +390,8 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Waits for a turn (see [`Limiter::acquire_until`]); with `fly`, the admitted call is
-    /// remembered as in flight.
+    /// remembered as in flight. The first question takes a ticket or passes at once; a call
+    /// given a ticket then runs the [`Stage`]s of a [`Waiter`] until it passes or gives up.
     pub(super) async fn wait(
         &self,
         cost: Cost,
@@ -350,11 +402,8 @@ impl<S: Store> Limiter<S> {
         let full = self.waiters() >= self.inner.policy.max_waiters();
         let max_wait = if full {
             Some(Duration::ZERO)
-        } else if self.refunds_may_come() {
-            // The schedule assumes no refund; calls in flight may still give some back.
-            None
         } else {
-            Self::remaining(deadline)
+            self.max_wait(deadline)
         };
         let op = Op::Acquire {
             cost,
@@ -381,141 +430,385 @@ impl<S: Store> Limiter<S> {
         // How the call ahead tells this one it passed (see `Line`), and how a refund rings it.
         let nudge = Arc::new(Notify::new());
         self.inner.line.join(ticket.id(), &nudge);
-        let mut guard = TicketGuard {
-            limiter: self,
-            ticket: Some(ticket),
-        };
-        let mut failures = self.inner.health().map(|h| h.subscribe());
         self.ensure_watchdog();
-        let backoff = self.inner.policy.backoff();
-        let mut sleep = due_in;
-        let mut attempt = 0u32;
-        // Whether this one is waiting for the call ahead to pass.
-        let mut behind = false;
-        // Whether it was rung by a refund rather than woken by its turn.
-        let mut rung = false;
-        // Whether the last wake-up waited for a nudge instead of asking.
-        let mut skipped = false;
-        // Set for the first retry of the first in line: its tokens exist at the hint.
-        let mut precise = false;
-        loop {
-            let Some(ticket) = guard.ticket else {
-                return Err(Error::store("a waiting call lost its ticket", None));
-            };
-            let target = Instant::now().checked_add(sleep);
-            let wake = match (target, deadline) {
-                (Some(t), Some(d)) => t.min(d),
-                (Some(t), None) => t,
-                (None, Some(d)) => d,
-                (None, None) => Instant::now() + Duration::from_secs(86_400 * 365),
-            };
-            self.inner.line.wakes_at(ticket.id(), wake);
-            let woke = doze(wake, failures.as_mut(), Some(&*nudge), precise).await;
-            match woke {
-                Err(failure) => return Err(failure),
-                Ok(Woke::Nudged) => rung = !behind,
-                // Woken by the deadline before the turn came: it will not come in time.
-                Ok(Woke::Timer) if target.is_none_or(|t| t > wake) => {
-                    let needed = target.map(|t| t.saturating_duration_since(wake));
-                    return Err(self.timeout(start, needed));
-                }
-                // Due, but a call of this limiter is still ahead: asking now would only hear
-                // `Behind`. Wait for its nudge instead (every other time, so that the ticket's
-                // lease is still renewed if that call is held up for long).
-                Ok(Woke::Timer)
-                    if !skipped && self.inner.line.stand_if_behind(ticket.id(), &nudge) =>
-                {
-                    skipped = true;
-                    behind = true;
-                    precise = false;
-                    sleep = LINE_PATIENCE;
-                    continue;
-                }
-                Ok(Woke::Timer) => {}
+        let mut waiter = Waiter {
+            limiter: self,
+            cost,
+            start,
+            deadline,
+            fly,
+            guard: TicketGuard {
+                limiter: self,
+                ticket: Some(ticket),
+                cost,
+                asking: false,
+            },
+            failures: self.inner.health().map(|h| h.subscribe()),
+            nudge,
+            attempt: 0,
+        };
+        // A ticket not to fly may be promised: at its due time it asks at once, whoever is
+        // ahead of it, and passes without the store's transitions if the promise held.
+        let first = if fly {
+            Stage::Sleeping {
+                sleep: due_in,
+                precise: false,
             }
-            skipped = false;
-            // Standing before asking: a call ahead that passes while the answer is on its way
-            // leaves its nudge, and a waiter told it is behind acts on it at once.
-            self.inner.line.stand(ticket.id(), &nudge);
-            let called = self.call(Op::Admit { ticket, fly }, cost, deadline).await;
-            let outcome = self.answer(called, start)?;
-            if let Some(permit) = self.passed(&outcome, cost, start.elapsed()) {
-                guard.ticket = None;
-                self.inner.line.moved(ticket.id());
-                return Ok(permit);
+        } else {
+            Stage::Due { sleep: due_in }
+        };
+        waiter.run(first).await
+    }
+
+    /// The longest a call may be queued for: none while refunds may still come (the schedule
+    /// assumes none, and calls in flight may give some back), else until the deadline.
+    fn max_wait(&self, deadline: Option<Instant>) -> Option<Duration> {
+        if self.refunds_may_come() {
+            None
+        } else {
+            Self::remaining(deadline)
+        }
+    }
+}
+
+/// Where a waiting call stands between two questions to the store. Every stage but
+/// [`Asking`](Stage::Asking) and [`Rejoining`](Stage::Rejoining) is a sleep that the deadline
+/// cuts short (a [`Error::Timeout`]) and a store failure ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Sleeps until its new ticket is due, then asks, whoever is ahead: a promised ticket
+    /// passes at its due time, and its holder is told so. A ring makes it ask at once.
+    Due { sleep: Duration },
+    /// Sleeps until its ticket is due, or until an answer's hint: `precise` when it is first
+    /// in line and its tokens exist at the hint. A ring (a refund or a penalty planning the
+    /// line again) makes it ask at once.
+    Sleeping { sleep: Duration, precise: bool },
+    /// Told it is behind calls that have yet to pass: sleeps until the hint, or until the call
+    /// ahead of it (of this limiter) nudges it as it passes.
+    Behind { sleep: Duration },
+    /// Due, but a call of this limiter is still ahead, so asking would only hear `Behind`: it
+    /// waits for that call's nudge instead. The timer ([`LINE_PATIENCE`]) only keeps the
+    /// ticket's lease alive if that call is held up; when it fires, the waiter asks anyway.
+    Standing,
+    /// Asks to pass. `rung`: it asks because the windows changed, not because it was due, so
+    /// a "not yet" is no failed attempt and its hint is exact.
+    Asking { rung: bool },
+    /// Its ticket lapsed (its runtime was too busy to ask in time): it takes a new place, at
+    /// the back.
+    Rejoining,
+}
+
+impl Stage {
+    /// The stage after a sleep that ended by `woke` (not by the deadline). `stand_if_behind`
+    /// answers whether a call of this limiter is ahead, and if so stands for its nudge.
+    fn woke(self, woke: Woke, stand_if_behind: impl FnOnce() -> bool) -> Stage {
+        match (self, woke) {
+            // Sleeping until due (or a hint), a nudge is a ring: the line is planned again.
+            (Stage::Sleeping { .. } | Stage::Due { .. }, Woke::Nudged) => {
+                Stage::Asking { rung: true }
             }
-            match outcome {
-                Outcome::Behind(hint) => {
-                    if self.certainly_late(hint, deadline) {
-                        return Err(self.timeout(start, Some(hint)));
-                    }
-                    // Not a failed attempt: the line is slower than its schedule. Ask again
-                    // when nudged by the call ahead. Behind a call of this limiter, that nudge
-                    // will come, and the timer only keeps the ticket's lease; behind one of
-                    // another process, it is the hint.
-                    sleep = if self.inner.line.has_ahead(ticket.id()) {
-                        hint.saturating_add(LINE_PATIENCE)
-                    } else {
-                        hint
-                    };
-                    precise = false;
-                    behind = true;
-                }
-                Outcome::NotYet(hint) if std::mem::take(&mut rung) => {
-                    // Rung because the windows changed (a refund, a lifted pause, the call
-                    // ahead passing while the line is planned again), and not enough yet: not
-                    // a failed attempt, and the hint is exact.
-                    if self.certainly_late(hint, deadline) {
-                        return Err(self.timeout(start, Some(hint)));
-                    }
-                    self.inner.line.sit(ticket.id());
-                    sleep = hint;
-                    precise = true;
-                    behind = false;
-                }
-                Outcome::NotYet(hint) => {
-                    if self.certainly_late(hint, deadline) {
-                        return Err(self.timeout(start, Some(hint)));
-                    }
-                    self.inner.line.sit(ticket.id());
-                    sleep = retry_sleep(backoff, hint, attempt);
-                    precise = attempt == 0;
-                    attempt = attempt.saturating_add(1);
-                    behind = false;
-                }
-                Outcome::Lost => {
-                    // The ticket lapsed (this runtime was too busy to ask for it in time): take
-                    // a new place, at the back.
-                    guard.ticket = None;
-                    self.inner.line.moved(ticket.id());
-                    behind = false;
-                    let op = Op::Acquire {
-                        cost,
-                        max_wait: if self.refunds_may_come() {
-                            None
-                        } else {
-                            Self::remaining(deadline)
-                        },
-                        fly,
-                    };
-                    let outcome = self.answer(self.call(op, cost, deadline).await, start)?;
-                    if let Some(permit) = self.passed(&outcome, cost, start.elapsed()) {
-                        return Ok(permit);
-                    }
-                    match outcome {
-                        Outcome::Queued { ticket, due_in } => {
-                            self.inner.line.join(ticket.id(), &nudge);
-                            guard.ticket = Some(ticket);
-                            sleep = backoff.sleep_for(due_in, attempt);
-                            precise = false;
-                            attempt = attempt.saturating_add(1);
-                        }
-                        Outcome::NotYet(needed) => return Err(self.timeout(start, Some(needed))),
-                        other => return Err(unexpected(&other)),
-                    }
-                }
-                other => return Err(unexpected(&other)),
+            (Stage::Due { .. }, Woke::Timer) => Stage::Asking { rung: false },
+            // Behind or standing, the nudge is the call ahead passing: its turn.
+            (Stage::Behind { .. } | Stage::Standing, Woke::Nudged) => Stage::Asking { rung: false },
+            // Stood once already: ask, which renews the lease however long the call ahead takes.
+            (Stage::Standing, Woke::Timer) => Stage::Asking { rung: false },
+            (_, Woke::Timer) if stand_if_behind() => Stage::Standing,
+            _ => Stage::Asking { rung: false },
+        }
+    }
+
+    /// The stage after a question the store answered with `outcome` (neither admitted nor
+    /// lost), for a waiter that has failed `attempt` times; `ours_ahead`: a call of this
+    /// limiter is ahead of it.
+    fn answered(
+        rung: bool,
+        outcome: Waited,
+        ours_ahead: bool,
+        backoff: crate::backoff::Backoff,
+        attempt: &mut u32,
+    ) -> Stage {
+        match outcome {
+            // Not a failed attempt: the line is slower than its schedule. Behind a call of
+            // this limiter, its nudge will come, and the timer only keeps the ticket's lease;
+            // behind one of another process, the hint is all there is.
+            Waited::Behind(hint) if ours_ahead => Stage::Behind {
+                sleep: hint.saturating_add(LINE_PATIENCE),
+            },
+            Waited::Behind(hint) => Stage::Behind { sleep: hint },
+            // Rung because the windows changed, and not enough yet: the hint is exact.
+            Waited::NotYet(hint) if rung => Stage::Sleeping {
+                sleep: hint,
+                precise: true,
+            },
+            Waited::NotYet(hint) => {
+                let stage = Stage::Sleeping {
+                    sleep: retry_sleep(backoff, hint, *attempt),
+                    precise: *attempt == 0,
+                };
+                *attempt = attempt.saturating_add(1);
+                stage
             }
         }
+    }
+}
+
+/// An answer that leaves a waiter waiting, with its hint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Waited {
+    Behind(Duration),
+    NotYet(Duration),
+}
+
+/// One call holding a ticket, and what it needs to run its [`Stage`]s.
+struct Waiter<'a, S: Store> {
+    limiter: &'a Limiter<S>,
+    cost: Cost,
+    start: Instant,
+    deadline: Option<Instant>,
+    fly: bool,
+    guard: TicketGuard<'a, S>,
+    failures: Option<watch::Receiver<Option<Arc<Error>>>>,
+    /// How the call ahead (or a ring) wakes it.
+    nudge: Arc<Notify>,
+    /// Questions answered "not yet" without a ring, for the backoff.
+    attempt: u32,
+}
+
+impl<S: Store> Waiter<'_, S> {
+    /// Runs the stages from `stage` until the call passes or fails.
+    async fn run(&mut self, mut stage: Stage) -> Result<Permit<S>, Error> {
+        loop {
+            stage = match stage {
+                Stage::Due { sleep } => self.sleep(stage, sleep, false).await?,
+                Stage::Sleeping { sleep, precise } => self.sleep(stage, sleep, precise).await?,
+                Stage::Behind { sleep } => self.sleep(stage, sleep, false).await?,
+                Stage::Standing => self.sleep(stage, LINE_PATIENCE, false).await?,
+                Stage::Asking { rung } => match self.ask(rung).await? {
+                    Ok(permit) => return Ok(permit),
+                    Err(next) => next,
+                },
+                Stage::Rejoining => match self.rejoin().await? {
+                    Ok(permit) => return Ok(permit),
+                    Err(next) => next,
+                },
+            };
+        }
+    }
+
+    fn ticket(&self) -> Result<Ticket, Error> {
+        self.guard
+            .ticket
+            .ok_or_else(|| Error::store("a waiting call lost its ticket", None))
+    }
+
+    /// Sleeps `sleep` in `stage` (cut short by the deadline, a failure or a nudge), and
+    /// answers the stage after it.
+    async fn sleep(
+        &mut self,
+        stage: Stage,
+        sleep: Duration,
+        precise: bool,
+    ) -> Result<Stage, Error> {
+        let ticket = self.ticket()?;
+        let target = Instant::now().checked_add(sleep);
+        let wake = match (target, self.deadline) {
+            (Some(t), Some(d)) => t.min(d),
+            (Some(t), None) => t,
+            (None, Some(d)) => d,
+            (None, None) => Instant::now() + Duration::from_secs(86_400 * 365),
+        };
+        let line = &self.limiter.inner.line;
+        line.wakes_at(ticket.id(), wake);
+        let woke = doze(wake, self.failures.as_mut(), Some(&*self.nudge), precise).await?;
+        if matches!(woke, Woke::Timer) && target.is_none_or(|t| t > wake) {
+            // Woken by the deadline before the turn came: it will not come in time.
+            let needed = target.map(|t| t.saturating_duration_since(wake));
+            return Err(self.limiter.timeout(self.start, needed));
+        }
+        Ok(stage.woke(woke, || line.stand_if_behind(ticket.id(), &self.nudge)))
+    }
+
+    /// Asks to pass: the permit, or the stage after the answer.
+    async fn ask(&mut self, rung: bool) -> Result<Result<Permit<S>, Stage>, Error> {
+        let limiter = self.limiter;
+        let ticket = self.ticket()?;
+        // Standing before asking: a call ahead that passes while the answer is on its way
+        // leaves its nudge, and a waiter told it is behind acts on it at once.
+        limiter.inner.line.stand(ticket.id(), &self.nudge);
+        let op = Op::Admit {
+            ticket,
+            fly: self.fly,
+        };
+        self.guard.asking = true;
+        let called = limiter.call(op, self.cost, self.deadline).await;
+        // A deadline that passed before the answer leaves the ticket to the answer's delivery.
+        if called.is_err() {
+            self.guard.ticket = None;
+            limiter.inner.line.moved(ticket.id());
+        }
+        self.guard.asking = false;
+        let outcome = limiter.answer(called, self.start)?;
+        if let Some(permit) = limiter.passed(&outcome, self.cost, self.start.elapsed()) {
+            self.guard.ticket = None;
+            limiter.inner.line.moved(ticket.id());
+            return Ok(Ok(permit));
+        }
+        let waited = match outcome {
+            Outcome::Behind(hint) => Waited::Behind(hint),
+            Outcome::NotYet(hint) => {
+                limiter.inner.line.sit(ticket.id());
+                Waited::NotYet(hint)
+            }
+            Outcome::Lost => return Ok(Err(Stage::Rejoining)),
+            other => return Err(unexpected(&other)),
+        };
+        let (Waited::Behind(hint) | Waited::NotYet(hint)) = waited;
+        if limiter.certainly_late(hint, self.deadline) {
+            return Err(limiter.timeout(self.start, Some(hint)));
+        }
+        let ours_ahead = limiter.inner.line.has_ahead(ticket.id());
+        let backoff = limiter.inner.policy.backoff();
+        Ok(Err(Stage::answered(
+            rung,
+            waited,
+            ours_ahead,
+            backoff,
+            &mut self.attempt,
+        )))
+    }
+
+    /// Gives up the lapsed ticket and takes a new place: the permit if it passes at once, or
+    /// the stage of the new ticket.
+    async fn rejoin(&mut self) -> Result<Result<Permit<S>, Stage>, Error> {
+        let limiter = self.limiter;
+        if let Some(lapsed) = self.guard.ticket.take() {
+            limiter.inner.line.moved(lapsed.id());
+        }
+        let op = Op::Acquire {
+            cost: self.cost,
+            max_wait: limiter.max_wait(self.deadline),
+            fly: self.fly,
+        };
+        let called = limiter.call(op, self.cost, self.deadline).await;
+        let outcome = limiter.answer(called, self.start)?;
+        if let Some(permit) = limiter.passed(&outcome, self.cost, self.start.elapsed()) {
+            return Ok(Ok(permit));
+        }
+        match outcome {
+            Outcome::Queued { ticket, due_in } => {
+                limiter.inner.line.join(ticket.id(), &self.nudge);
+                self.guard.ticket = Some(ticket);
+                let backoff = limiter.inner.policy.backoff();
+                let sleep = backoff.sleep_for(due_in, self.attempt);
+                self.attempt = self.attempt.saturating_add(1);
+                Ok(Err(Stage::Sleeping {
+                    sleep,
+                    precise: false,
+                }))
+            }
+            Outcome::NotYet(needed) => Err(limiter.timeout(self.start, Some(needed))),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn a_waiter_due_behind_a_call_of_its_own_limiter_stands_once_then_asks() {
+        let due = Stage::Sleeping {
+            sleep: MS,
+            precise: false,
+        };
+        assert_eq!(due.woke(Woke::Timer, || true), Stage::Standing);
+        assert_eq!(
+            due.woke(Woke::Timer, || false),
+            Stage::Asking { rung: false }
+        );
+        // Standing, it asks when nudged, and when its patience runs out, without standing
+        // again (so that the ticket's lease is renewed).
+        let stood = Stage::Standing;
+        assert_eq!(
+            stood.woke(Woke::Nudged, || true),
+            Stage::Asking { rung: false }
+        );
+        assert_eq!(
+            stood.woke(Woke::Timer, || true),
+            Stage::Asking { rung: false }
+        );
+        // Told it is behind, a nudge is its turn, not a ring.
+        let behind = Stage::Behind { sleep: MS };
+        assert_eq!(
+            behind.woke(Woke::Nudged, || false),
+            Stage::Asking { rung: false }
+        );
+        assert_eq!(behind.woke(Woke::Timer, || true), Stage::Standing);
+    }
+
+    #[test]
+    fn a_rung_waiter_that_hears_not_yet_sleeps_the_exact_hint_and_no_attempt_is_counted() {
+        let due = Stage::Sleeping {
+            sleep: MS,
+            precise: false,
+        };
+        assert_eq!(
+            due.woke(Woke::Nudged, || true),
+            Stage::Asking { rung: true }
+        );
+        let backoff = crate::backoff::Backoff::default();
+        let mut attempt = 3;
+        let hint = 7 * MS;
+        assert_eq!(
+            Stage::answered(true, Waited::NotYet(hint), false, backoff, &mut attempt),
+            Stage::Sleeping {
+                sleep: hint,
+                precise: true,
+            }
+        );
+        assert_eq!(attempt, 3);
+    }
+
+    #[test]
+    fn a_first_not_yet_retries_at_the_exact_hint_and_later_ones_back_off() {
+        let backoff = crate::backoff::Backoff::default();
+        let mut attempt = 0;
+        let hint = 7 * MS;
+        assert_eq!(
+            Stage::answered(false, Waited::NotYet(hint), false, backoff, &mut attempt),
+            Stage::Sleeping {
+                sleep: hint,
+                precise: true,
+            }
+        );
+        assert_eq!(attempt, 1);
+        let Stage::Sleeping { sleep, precise } =
+            Stage::answered(false, Waited::NotYet(hint), false, backoff, &mut attempt)
+        else {
+            panic!("a waiter told not yet sleeps");
+        };
+        assert!(sleep >= hint && !precise);
+        assert_eq!(attempt, 2);
+    }
+
+    #[test]
+    fn a_waiter_behind_a_call_of_its_own_limiter_keeps_its_lease_past_the_hint() {
+        let backoff = crate::backoff::Backoff::default();
+        let mut attempt = 0;
+        let hint = 7 * MS;
+        assert_eq!(
+            Stage::answered(false, Waited::Behind(hint), true, backoff, &mut attempt),
+            Stage::Behind {
+                sleep: hint + LINE_PATIENCE
+            }
+        );
+        assert_eq!(
+            Stage::answered(true, Waited::Behind(hint), false, backoff, &mut attempt),
+            Stage::Behind { sleep: hint }
+        );
+        assert_eq!(attempt, 0);
     }
 }

@@ -14,6 +14,13 @@
 //! - Amounts: the script caps an amount at 66 bursts where the cap already decides, and
 //!   refuses arguments outside its exact range: the test stays inside it.
 //!
+//! A ticket not to fly, issued behind promised tickets only, is promised: charged at its due
+//! time by whichever operation runs first after it, in both. Its holder says when it was due
+//! on half the admissions, and then the Redis store reads its record (`TIME` and one hash
+//! read, no script) and answers where that settles it: that answer must be the rule book's
+//! too. Penalties, lowered counts, syncs and charges fall between tickets' issue and due times
+//! throughout the traces, and each breaks the promises of every ticket waiting, in both.
+//!
 //! The script answers an acquire that passes at once on a quiet key (nobody waiting, no pause,
 //! no calls in flight remembered, not a call to fly) by a fast path of its own, and everything
 //! else by the full script. The traces go through both, and through keys that turn quiet and
@@ -68,7 +75,7 @@ fn limit_sets() -> Vec<Limits> {
 /// (once it went out), and what it was charged.
 #[derive(Debug, Clone, Copy)]
 struct Held {
-    ticket: Option<(u64, u64)>,
+    ticket: Option<(Ticket, Ticket)>,
     flight: Option<u64>,
     cost: Cost,
 }
@@ -155,7 +162,7 @@ fn operation(rng: &mut Lcg, limits: &Limits, calls: &[Held]) -> (Op, Option<usiz
             Some(call) => {
                 let (_, redis) = calls[call].ticket.unwrap();
                 let op = Op::Admit {
-                    ticket: Ticket::new(redis),
+                    ticket: with_due_or_not(rng, redis),
                     fly: rng.below(2) == 0,
                 };
                 (op, Some(call))
@@ -167,7 +174,7 @@ fn operation(rng: &mut Lcg, limits: &Limits, calls: &[Held]) -> (Op, Option<usiz
                 let (_, redis) = calls[call].ticket.unwrap();
                 (
                     Op::Cancel {
-                        ticket: Ticket::new(redis),
+                        ticket: with_due_or_not(rng, redis),
                     },
                     Some(call),
                 )
@@ -283,14 +290,34 @@ fn operation(rng: &mut Lcg, limits: &Limits, calls: &[Held]) -> (Op, Option<usiz
 }
 
 /// The rule book's ticket number for Redis's, for an admission: the same call.
+/// The ticket as issued, saying when it is due (its holder at its due time: a promised one
+/// is claimed without the script), or only its number (a holder that does not say: the
+/// script decides).
+fn with_due_or_not(rng: &mut Lcg, ticket: Ticket) -> Ticket {
+    if rng.below(2) == 0 {
+        ticket
+    } else {
+        Ticket::new(ticket.id())
+    }
+}
+
+/// The rule book's side of `op`: its own ticket, saying when it is due where the script's does.
 fn to_rule_book(op: Op, calls: &[Held], call: Option<usize>) -> Op {
+    let mine = |c: usize, theirs: Ticket| {
+        let mine = calls[c].ticket.unwrap().0;
+        if theirs.due().is_some() {
+            mine
+        } else {
+            Ticket::new(mine.id())
+        }
+    };
     match (op, call) {
-        (Op::Admit { fly, .. }, Some(c)) => Op::Admit {
-            ticket: Ticket::new(calls[c].ticket.unwrap().0),
+        (Op::Admit { fly, ticket }, Some(c)) => Op::Admit {
+            ticket: mine(c, ticket),
             fly,
         },
-        (Op::Cancel { .. }, Some(c)) => Op::Cancel {
-            ticket: Ticket::new(calls[c].ticket.unwrap().0),
+        (Op::Cancel { ticket }, Some(c)) => Op::Cancel {
+            ticket: mine(c, ticket),
         },
         (other, _) => other,
     }
@@ -352,8 +379,12 @@ async fn sequence(
                 context()
             );
         }
-        if let Op::Admit { .. } = op {
+        if let Op::Admit { ticket, .. } = op {
             let which = match (path, &expected) {
+                // Read from its record at its due time, without the script: a promise kept.
+                (ScriptPath::Fast, Ok(Outcome::Admitted)) if ticket.due().is_some() => {
+                    "admit claimed, no script"
+                }
                 (ScriptPath::Fast, Ok(Outcome::Admitted)) => "admit passed, fast path",
                 (ScriptPath::Fast, _) => "admit not yet, fast path",
                 (ScriptPath::Full, _) => "admit, full path",
@@ -396,7 +427,7 @@ async fn sequence(
         }
         match (&expected, &got) {
             (Outcome::Queued { ticket: mine, .. }, Outcome::Queued { ticket: theirs, .. }) => {
-                calls[index].ticket = Some((mine.id(), theirs.id()));
+                calls[index].ticket = Some((*mine, *theirs));
                 tickets.insert(theirs.id(), index);
                 book_tickets.insert(mine.id(), index);
             }
@@ -413,6 +444,11 @@ async fn sequence(
         }
         if let Op::Cancel { .. } = op {
             calls[index].ticket = None;
+            if expected == Outcome::Admitted {
+                *seen
+                    .entry("cancel of a ticket charged at its due time")
+                    .or_default() += 1;
+            }
         }
         let what = match &got {
             Outcome::Admitted => "admitted",
@@ -497,6 +533,8 @@ fn the_script_answers_every_operation_exactly_as_the_rule_book() {
                 "acquire not admitted, full path",
                 "acquire on a quiet key, full path",
                 "admit passed, fast path",
+                "admit claimed, no script",
+                "cancel of a ticket charged at its due time",
                 "admit not yet, fast path",
                 "admit, full path",
                 "admitted",

@@ -128,14 +128,17 @@ impl KeyState {
         *shadow = at_start;
         let id = id();
         let queue = self.queue.as_mut().expect("the shadow made the queue");
+        let promise = !fly && queue.all_promised();
         queue.tickets.push_back(Place {
             id,
             cost,
             lease_until: due.plus(lease),
+            due,
+            promise,
         });
         queue.pending = add(queue.pending, cost);
         Ok(Outcome::Queued {
-            ticket: Ticket::new(id),
+            ticket: Ticket::new(id).due_at(due.0),
             due_in: Duration::from_nanos(saturate(due_in)),
         })
     }
@@ -143,21 +146,39 @@ impl KeyState {
     /// The holder of ticket `id` asks to pass: admitted if the key can pay for it on top of the
     /// live tickets ahead of it (which it must not delay), else told when to ask again (and its
     /// lease is extended past then). With `fly`, an admitted call is remembered as in flight.
+    ///
+    /// A promised ticket is told to come back at its due time if it asks sooner (passing
+    /// sooner would take what later promises count on); at or after it, it was charged then
+    /// ([`charge_due`](KeyState::charge_due)), and its holder, who says when it was `due`,
+    /// passes.
     pub(crate) fn admit(
         &mut self,
         limits: &Limits,
         now: Nanos,
         id: u64,
+        due: Option<Nanos>,
         fly: bool,
         lease: Duration,
     ) -> Result<Outcome, BucketError> {
         let now = self.refilled(limits, now);
+        let gone = if !fly && due.is_some_and(|due| passed_at_due(now, due, lease)) {
+            Outcome::Admitted
+        } else {
+            Outcome::Lost
+        };
         let Some(queue) = self.queue.as_mut() else {
-            return Ok(Outcome::Lost);
+            return Ok(gone);
         };
         let Some(mut index) = queue.find(id) else {
-            return Ok(Outcome::Lost);
+            return Ok(gone);
         };
+        let ticket = queue.tickets[index];
+        if queue.promised(&ticket) {
+            // Not due yet (a due one was charged before this operation).
+            return Ok(Outcome::NotYet(Duration::from_nanos(
+                ticket.due.0.saturating_sub(now.0),
+            )));
+        }
         // A holder that comes back after its ticket's lease has lost its place: it lapsed, and
         // may already be gone (a store forgets a key no ticket can still claim).
         if queue.tickets[index].lease_until < now {
@@ -231,11 +252,21 @@ impl KeyState {
         Ok(Outcome::NotYet(Duration::from_nanos(wait)))
     }
 
-    /// Gives up ticket `id`: nothing was charged for it, so nothing is given back.
-    pub(crate) fn cancel(&mut self, now: Nanos, id: u64) -> Outcome {
+    /// Gives up ticket `id`: nothing was charged for it ([`Outcome::Done`]), unless it was
+    /// promised and charged at its `due` time already ([`Outcome::Admitted`]: the caller gives
+    /// its charge back).
+    pub(crate) fn cancel(
+        &mut self,
+        now: Nanos,
+        id: u64,
+        due: Option<Nanos>,
+        lease: Duration,
+    ) -> Outcome {
+        let mut found = false;
         if let Some(queue) = self.queue.as_mut()
             && let Some(index) = queue.find(id)
         {
+            found = true;
             queue.remove(index);
             queue.shadow = None;
             if queue.tickets.is_empty() {
@@ -243,6 +274,10 @@ impl KeyState {
             }
         }
         self.expire_head(now);
+        let now = now.max(self.real.at);
+        if !found && due.is_some_and(|due| passed_at_due(now, due, lease)) {
+            return Outcome::Admitted;
+        }
         Outcome::Done
     }
 
@@ -255,9 +290,19 @@ impl KeyState {
     }
 }
 
+/// Whether a ticket due at `due`, no longer in the queue at `now`, passed at its due time: a
+/// ticket leaves the queue by its holder's own question or cancellation, by being charged at
+/// its due time (promised), or by lapsing a lease after it; between its due time and then,
+/// only the charge can have taken it.
+pub(crate) fn passed_at_due(now: Nanos, due: Nanos, lease: Duration) -> bool {
+    due <= now && now <= due.plus(lease)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bucket::Amount;
+    use crate::bucket::op::Op;
 
     const MS: u64 = 1_000_000;
     const LEASE: Duration = Duration::from_secs(1);
@@ -303,17 +348,25 @@ mod tests {
         );
         // Asking early changes nothing but says when to come back.
         assert_eq!(
-            state.admit(&l, Nanos(500 * MS), 1, false, LEASE),
+            state.admit(&l, Nanos(500 * MS), 1, None, false, LEASE),
             Ok(Outcome::NotYet(Duration::from_nanos(400 * MS)))
         );
-        assert_eq!(
-            state.admit(&l, Nanos(900 * MS), 1, false, LEASE),
-            Ok(Outcome::Admitted)
-        );
-        assert_eq!(
-            state.admit(&l, Nanos(1_000 * MS), 2, false, LEASE),
-            Ok(Outcome::Admitted)
-        );
+        // Promised, each is charged at its due time, and its holder, saying when that was,
+        // passes.
+        for (ticket, due) in [(1, 900), (2, 1_000)] {
+            state.charge_due(&l, Nanos(due * MS));
+            assert_eq!(
+                state.admit(
+                    &l,
+                    Nanos(due * MS),
+                    ticket,
+                    Some(Nanos(due * MS)),
+                    false,
+                    LEASE
+                ),
+                Ok(Outcome::Admitted)
+            );
+        }
         assert_eq!(state.queued(), 0);
     }
 
@@ -332,10 +385,10 @@ mod tests {
         else {
             panic!("expected a ticket")
         };
-        state.cancel(Nanos(300 * MS), ticket.id());
+        state.cancel(Nanos(300 * MS), ticket.id(), None, LEASE);
         assert!(state.snapshot(&l, Nanos(300 * MS))[0].tokens.is(3, 10));
         assert_eq!(
-            state.admit(&l, Nanos(2_000 * MS), ticket.id(), false, LEASE),
+            state.admit(&l, Nanos(2_000 * MS), ticket.id(), None, false, LEASE),
             Ok(Outcome::Lost)
         );
         // With the queue empty, the next call is due at once when the token exists.
@@ -353,9 +406,10 @@ mod tests {
         state
             .acquire(&l, Nanos(0), Cost::new(0, 10), None, false, LEASE, &mut id)
             .unwrap();
-        // Two tickets: the first (due 1 s) is never claimed; the second is due at 1.5 s.
+        // Two tickets: the first (due 1 s, to fly, so never promised) is never claimed; the
+        // second (behind it, so not promised either) is due at 1.5 s.
         state
-            .acquire(&l, Nanos(0), Cost::new(0, 10), None, false, LEASE, &mut id)
+            .acquire(&l, Nanos(0), Cost::new(0, 10), None, true, LEASE, &mut id)
             .unwrap();
         assert_eq!(
             state.acquire(&l, Nanos(0), Cost::new(0, 5), None, false, LEASE, &mut id),
@@ -366,12 +420,12 @@ mod tests {
         );
         // At 1.5 s the dead ticket still holds its 10 tokens: the second must wait, behind it.
         assert!(matches!(
-            state.admit(&l, Nanos(1_500 * MS), 2, false, LEASE),
+            state.admit(&l, Nanos(1_500 * MS), 2, None, false, LEASE),
             Ok(Outcome::Behind(_))
         ));
         // Its lease (1 s past its due) runs out at 2 s: then the second passes.
         assert_eq!(
-            state.admit(&l, Nanos(2_000 * MS + 1), 2, false, LEASE),
+            state.admit(&l, Nanos(2_000 * MS + 1), 2, None, false, LEASE),
             Ok(Outcome::Admitted)
         );
         assert_eq!(state.queued(), 0);
@@ -386,9 +440,10 @@ mod tests {
         state
             .acquire(&l, Nanos(0), call, None, false, LEASE, &mut id)
             .unwrap();
+        // Tickets to fly, never promised: they ask to pass.
         for (ticket, due) in [(1, 100), (2, 200)] {
             assert_eq!(
-                state.acquire(&l, Nanos(0), call, None, false, LEASE, &mut id),
+                state.acquire(&l, Nanos(0), call, None, true, LEASE, &mut id),
                 Ok(Outcome::Queued {
                     ticket: Ticket::new(ticket),
                     due_in: Duration::from_nanos(due * MS),
@@ -397,13 +452,13 @@ mod tests {
         }
         // The head of the line asking early is not behind anyone.
         assert_eq!(
-            state.admit(&l, Nanos(50 * MS), 1, false, LEASE),
+            state.admit(&l, Nanos(50 * MS), 1, None, false, LEASE),
             Ok(Outcome::NotYet(Duration::from_nanos(50 * MS)))
         );
         // Ticket 2 is due at 200 ms, but ticket 1 has not come: were it to pass now, ticket 2
         // could pass one refill later.
         assert_eq!(
-            state.admit(&l, Nanos(200 * MS), 2, false, LEASE),
+            state.admit(&l, Nanos(200 * MS), 2, None, false, LEASE),
             Ok(Outcome::Behind(Duration::from_nanos(100 * MS)))
         );
         // Nor is a ticket held up by a pause, even with calls ahead of it.
@@ -415,7 +470,7 @@ mod tests {
             None,
         );
         assert_eq!(
-            state.admit(&l, Nanos(200 * MS), 2, false, LEASE),
+            state.admit(&l, Nanos(200 * MS), 2, None, false, LEASE),
             Ok(Outcome::NotYet(Duration::from_nanos(800 * MS)))
         );
     }
@@ -575,5 +630,230 @@ mod tests {
             ),
             Ok(Outcome::NotYet(Duration::from_nanos(u64::MAX)))
         );
+    }
+
+    /// `op` at `at` ms, as a store runs it (promises due first).
+    fn run(state: &mut KeyState, l: &Limits, at: u64, op: Op) -> Outcome {
+        let mut next = 100;
+        state
+            .apply(l, "k", Nanos(at * MS), op, LEASE, || {
+                next += 1;
+                next
+            })
+            .unwrap()
+    }
+
+    fn requests_at(state: &mut KeyState, l: &Limits, at: u64) -> Amount {
+        match run(state, l, at, Op::Snapshot) {
+            Outcome::Snapshot(levels) => levels[0].tokens,
+            other => panic!("a snapshot answers levels, not {other:?}"),
+        }
+    }
+
+    /// A ticket at `10/s burst 1`, due at 100 ms, issued at 0 behind a call that took the
+    /// burst.
+    fn promised_ticket(state: &mut KeyState, l: &Limits) -> Ticket {
+        assert_eq!(
+            run(
+                state,
+                l,
+                0,
+                Op::Acquire {
+                    cost: Cost::call(0),
+                    max_wait: None,
+                    fly: false
+                }
+            ),
+            Outcome::Admitted
+        );
+        match run(
+            state,
+            l,
+            0,
+            Op::Acquire {
+                cost: Cost::call(0),
+                max_wait: None,
+                fly: false,
+            },
+        ) {
+            Outcome::Queued { ticket, due_in } => {
+                assert_eq!(due_in, Duration::from_millis(100));
+                assert_eq!(ticket.due(), Some(100 * MS));
+                ticket
+            }
+            other => panic!("expected a ticket, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_promised_ticket_is_charged_at_its_due_time_and_its_holder_passes_without_a_second_charge()
+    {
+        let l = limits("10/s burst 1", "");
+        let mut state = KeyState::new(&l, Nanos(0));
+        let ticket = promised_ticket(&mut state, &l);
+        // Asking early, it hears its due time.
+        assert_eq!(
+            run(&mut state, &l, 40, Op::Admit { ticket, fly: false }),
+            Outcome::NotYet(Duration::from_millis(60))
+        );
+        // Nobody asked at 100 ms, yet the snapshot at 150 ms finds it charged then: half a
+        // token, not the full one a window that was never charged would hold.
+        assert!(requests_at(&mut state, &l, 150).is(1, 2));
+        assert_eq!(state.queued(), 0);
+        // Its holder, late, passes, and is not charged again.
+        assert_eq!(
+            run(&mut state, &l, 160, Op::Admit { ticket, fly: false }),
+            Outcome::Admitted
+        );
+        assert!(requests_at(&mut state, &l, 160).is(6, 10));
+        // A holder that does not say when it was due can't be told it passed.
+        assert_eq!(
+            run(
+                &mut state,
+                &l,
+                160,
+                Op::Admit {
+                    ticket: Ticket::new(ticket.id()),
+                    fly: false
+                }
+            ),
+            Outcome::Lost
+        );
+    }
+
+    #[test]
+    fn a_lowered_count_before_a_tickets_due_time_breaks_its_promise() {
+        let l = limits("10/s burst 1", "");
+        let mut state = KeyState::new(&l, Nanos(0));
+        let ticket = promised_ticket(&mut state, &l);
+        run(
+            &mut state,
+            &l,
+            50,
+            Op::Lower {
+                currency: Currency::Requests,
+                remaining: 0,
+            },
+        );
+        // Not charged at 100 ms: the window, emptied at 50, holds one token at 150.
+        assert!(requests_at(&mut state, &l, 150).is(1, 1));
+        assert_eq!(state.queued(), 1);
+        // Its holder asks, as any other, and pays then.
+        assert_eq!(
+            run(&mut state, &l, 150, Op::Admit { ticket, fly: false }),
+            Outcome::Admitted
+        );
+        assert!(requests_at(&mut state, &l, 150).is(0, 1));
+    }
+
+    #[test]
+    fn a_pause_a_charge_or_a_refund_before_a_tickets_due_time_breaks_its_promise() {
+        let l = limits("10/s burst 1", "");
+        // What changed at 50 ms, whether the promise held, and what its holder hears at 100.
+        let cases = [
+            // A refund: its holder may ask sooner than it was due (and pass, here).
+            (
+                Op::Adjust {
+                    delta: Delta::from([1, 0, 0, 0]),
+                },
+                false,
+                Outcome::Admitted,
+            ),
+            // Half a token at 50 ms, less one: the holder asks, and hears when it can pass.
+            (
+                Op::Adjust {
+                    delta: Delta::from([-1, 0, 0, 0]),
+                },
+                false,
+                Outcome::NotYet(Duration::from_millis(100)),
+            ),
+            // A pause of 10 ms that empties nothing: over by 100 ms, and the holder, asking,
+            // passes on the token there is.
+            (
+                Op::Penalize {
+                    pause: Duration::from_millis(10),
+                    spent: Currencies::NONE,
+                    refusal: None,
+                },
+                false,
+                Outcome::Admitted,
+            ),
+        ];
+        for (op, promise_kept, heard) in cases {
+            let mut state = KeyState::new(&l, Nanos(0));
+            let ticket = promised_ticket(&mut state, &l);
+            run(&mut state, &l, 50, op.clone());
+            run(&mut state, &l, 100, Op::Ping);
+            assert_eq!(state.queued() == 0, promise_kept, "{op:?}");
+            assert_eq!(
+                run(&mut state, &l, 100, Op::Admit { ticket, fly: false }),
+                heard,
+                "{op:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_ticket_given_up_after_it_was_charged_at_its_due_time_is_given_back() {
+        let l = limits("10/s burst 1", "");
+        let mut state = KeyState::new(&l, Nanos(0));
+        let ticket = promised_ticket(&mut state, &l);
+        // Given up at 120 ms: charged at 100, so the caller is told to give the charge back.
+        assert_eq!(
+            run(&mut state, &l, 120, Op::Cancel { ticket }),
+            Outcome::Admitted
+        );
+        // Given up before its due time, it was never charged.
+        let mut state = KeyState::new(&l, Nanos(0));
+        let ticket = promised_ticket(&mut state, &l);
+        assert_eq!(
+            run(&mut state, &l, 80, Op::Cancel { ticket }),
+            Outcome::Done
+        );
+        assert!(requests_at(&mut state, &l, 150).is(1, 1));
+    }
+
+    #[test]
+    fn a_ticket_behind_one_to_fly_is_not_promised() {
+        let l = limits("10/s burst 1", "");
+        let mut state = KeyState::new(&l, Nanos(0));
+        let call = Cost::call(0);
+        run(
+            &mut state,
+            &l,
+            0,
+            Op::Acquire {
+                cost: call,
+                max_wait: None,
+                fly: false,
+            },
+        );
+        run(
+            &mut state,
+            &l,
+            0,
+            Op::Acquire {
+                cost: call,
+                max_wait: None,
+                fly: true,
+            },
+        );
+        let Outcome::Queued { ticket, .. } = run(
+            &mut state,
+            &l,
+            0,
+            Op::Acquire {
+                cost: call,
+                max_wait: None,
+                fly: false,
+            },
+        ) else {
+            panic!("expected a ticket");
+        };
+        // Due at 200 ms, but the call to fly ahead has not asked: it must wait its turn.
+        assert!(matches!(
+            run(&mut state, &l, 200, Op::Admit { ticket, fly: false }),
+            Outcome::Behind(_)
+        ));
     }
 }

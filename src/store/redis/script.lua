@@ -21,8 +21,8 @@
 --          scale S (units per token), refill n (units per millisecond), capacity C = burst * S
 -- then the operation's own arguments:
 --   acquire   requests, tokens, output tokens, spend, max wait in ms (-1: none), fly (0 or 1)
---   admit     ticket id, fly (0 or 1)
---   cancel    ticket id
+--   admit     ticket id, fly (0 or 1), its due time in ms as issued (-1: not known)
+--   cancel    ticket id, its due time in ms as issued (-1: not known)
 --   adjust    requests, tokens, output tokens, spend to add (negative: to take)
 --   penalize  the pause in milliseconds, the spent currencies (a mask: 1, 2, 4, 8), and the
 --             refusal: the provider's pause in ms (-1: none, and nothing follows), the refused
@@ -52,7 +52,8 @@
 -- levels in units), n (the next ticket id), pq1..pq4 (what the tickets will pay, per currency),
 -- st and s1..sk (the shadow: the levels once every ticket has paid, as of the last one's due
 -- time; absent when it must be rebuilt), ql (the latest lease of any ticket), and for each
--- ticket q<id> = "due lease requests tokens output_tokens spend". Calls in flight: fn (the
+-- ticket q<id> = "due lease requests tokens output_tokens spend", with " 1" after it for a
+-- ticket issued promised, and pf (tickets up to this id lost their promise). Calls in flight: fn (the
 -- next flight's number), ff (the first one remembered), fa (when the last one went out),
 -- f<id> = "at charged1..charged4 done level1..level4 corrected1..corrected4", c1..c4 (the
 -- cover), cv (the last call it covers) and k1..k4 (the tokens corrected for spending elsewhere
@@ -246,6 +247,10 @@ local function fast_admit()
   if ARGV[a + 2] ~= '0' or not string.find(idtext, '^[1-9]%d*$') then return nil end
   v = tonumber(idtext)
   if not (v and v <= MAX) then return nil end
+  -- When the holder was told it is due: checked as the full path checks it, unused (a ticket
+  -- this path answers is in the queue, and not promised: its record has six fields).
+  v = tonumber(ARGV[a + 3])
+  if not (v and v >= -1 and v <= MAX and v % 1 == 0) then return nil end
   local got = redis.call('HMGET', KEYS[1], 'sig', 't', 'p', 'fn', 'pq1', 'pq2', 'pq3', 'pq4',
     'l1', 'l2', 'l3', 'l4', 'q' .. idtext, 'ql')
   if got[1] and got[1] ~= ARGV[2] or got[4] or not got[13] then return nil end
@@ -461,7 +466,7 @@ for i = 1, k do
 end
 
 -- The key's fields, read in one call.
-local names = {'sig', 't', 'p', 'fn', 'ff', 'cv'}
+local names = {'sig', 't', 'p', 'fn', 'ff', 'cv', 'pf'}
 for c = 1, NC do
   names[#names + 1] = 'pq' .. c
   names[#names + 1] = 'c' .. c
@@ -526,6 +531,8 @@ for c = 1, NC do
   corrected[c] = field('k' .. c, -MAX, MAX, 0)
 end
 local covers = field('cv', 0, MAX, 0)
+-- Tickets up to this id lost their promise (the rule book's Queue::floor).
+local floor_id = field('pf', 0, MAX, 0)
 if bad_field then
   return fail('the stored field ' .. bad_field .. ' is out of range')
 end
@@ -585,11 +592,6 @@ local function clamp(i, level)
   return level
 end
 
--- The real levels now.
-local elapsed = now - last
-for i = 1, k do
-  levels[i] = refill(i, levels[i], elapsed)
-end
 
 -- The longest wait of all windows for `cost` (per currency) on top of `ahead`.
 local function wait_all(lv, ahead, cost)
@@ -624,21 +626,29 @@ local function decode_ticket(id, data)
   if not data then return nil end
   -- A record as encode_ticket() writes it, in one match (a queue's records are read by the
   -- dozen: a ticket asking reads up to SCAN_AHEAD, a new plan all of them).
-  local due, until_ms, c1, c2, c3, c4 = string.match(data, '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+  -- A seventh field, 1, marks a ticket issued promised (the rule book's Place::promise).
+  local due, until_ms, c1, c2, c3, c4, mark = string.match(data,
+    '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(%d*)$')
   if c4 then
     return {id = id, due = tonumber(due), lease = tonumber(until_ms),
-      cost = {tonumber(c1), tonumber(c2), tonumber(c3), tonumber(c4)}}
+      cost = {tonumber(c1), tonumber(c2), tonumber(c3), tonumber(c4)}, promise = mark == '1'}
   end
   local f = {}
   for part in string.gmatch(data, '%S+') do
     f[#f + 1] = tonumber(part)
   end
-  return {id = id, due = f[1], lease = f[2], cost = {f[3], f[4], f[5], f[6] or 0}}
+  return {id = id, due = f[1], lease = f[2], cost = {f[3], f[4], f[5], f[6] or 0},
+    promise = f[7] == 1}
 end
 
-local function encode_ticket(due, until_ms, cost)
-  return string.format('%.0f %.0f %.0f %.0f %.0f %.0f', due, until_ms, cost[1], cost[2], cost[3],
-    cost[4])
+local function encode_ticket(due, until_ms, cost, promise)
+  return string.format(promise and '%.0f %.0f %.0f %.0f %.0f %.0f 1' or
+    '%.0f %.0f %.0f %.0f %.0f %.0f', due, until_ms, cost[1], cost[2], cost[3], cost[4])
+end
+
+-- Whether ticket `t` (decoded) is promised, as Queue::promised.
+local function promised(t)
+  return t.promise and tonumber(t.id) > floor_id
 end
 
 local function parse_ticket(id)
@@ -670,6 +680,62 @@ end
 local shadow_dirty = false
 local function drop_shadow()
   shadow_dirty = true
+end
+
+-- No ticket waiting is promised any more (Queue::break_promises).
+local function break_promises()
+  -- Nobody waits (every ticket counts in what is pending): nothing to read.
+  if pq[1] + pq[2] + pq[3] + pq[4] == 0 then return end
+  local last_id = redis.call('ZREVRANGE', queue, 0, 0)[1]
+  if last_id and tonumber(last_id) > floor_id then
+    floor_id = tonumber(last_id)
+    redis.call('HSET', hash, 'pf', last_id)
+  end
+end
+
+-- The levels changed other than by a ticket paying (the rule book's replan).
+local function replan()
+  drop_shadow()
+  break_promises()
+end
+
+-- Promised tickets due by now pass, each charged at its due time, in order, before anything
+-- else (KeyState::charge_due): the levels are still as of `last` here.
+local levels_at = last
+local charged_due = false
+if pq[1] + pq[2] + pq[3] + pq[4] > 0 then
+  while true do
+    local head = redis.call('ZRANGE', queue, 0, 0)[1]
+    if not head then break end
+    local t = parse_ticket(head)
+    if t == nil or not promised(t) or t.due > now then break end
+    if t.due > levels_at then
+      for i = 1, k do levels[i] = refill(i, levels[i], t.due - levels_at) end
+      levels_at = t.due
+    end
+    charge(levels, t.cost)
+    forget_ticket(t)
+    charged_due = true
+  end
+  -- Written at once, so that an operation refused below leaves them charged, as the rule
+  -- book does.
+  if charged_due then
+    local out = {'t', fmt(levels_at)}
+    for i = 1, k do
+      out[#out + 1] = 'l' .. i
+      out[#out + 1] = fmt(levels[i])
+    end
+    for c = 1, NC do
+      out[#out + 1] = 'pq' .. c
+      out[#out + 1] = fmt(pq[c])
+    end
+    redis.call('HSET', hash, unpack(out))
+  end
+end
+
+-- The real levels now.
+for i = 1, k do
+  levels[i] = refill(i, levels[i], now - levels_at)
 end
 
 -- Drops lapsed tickets at the head of the queue.
@@ -710,6 +776,8 @@ local function shadow()
     local t = tickets[j]
     if t ~= nil then
       local due = at + wait_all(lv, zeros(), t.cost)
+      -- A promised ticket pays at its due time, never sooner.
+      if promised(t) and t.due > due then due = t.due end
       for i = 1, k do lv[i] = refill(i, lv[i], due - at) end
       at = due
       charge(lv, t.cost)
@@ -730,6 +798,12 @@ end
 
 -- Adds `delta` to the real levels and to the stored schedule alike.
 local function apply(delta)
+  for c = 1, NC do
+    if delta[c] ~= 0 then
+      break_promises()
+      break
+    end
+  end
   add_to(levels, delta)
   if redis.call('HEXISTS', hash, 'st') == 1 and not shadow_dirty then
     local at, lv = shadow()
@@ -873,7 +947,7 @@ local function credit_full(f, charges, counted_after, back)
   end
   f.full = 0
   redis.call('HSET', hash, 'f' .. fmt(f.id), encode_flight(f))
-  drop_shadow()
+  replan()
 end
 
 -- Settles call `id` (charged `charged`, if the key no longer remembers it) with what it used
@@ -1051,6 +1125,7 @@ if op == 'acquire' then
     return {'wait', due - now, now}
   end
   if queued >= MAX_QUEUE then
+    store()
     return {'full', now}
   end
   for i = 1, k do lv[i] = refill(i, lv[i], due - start) end
@@ -1059,8 +1134,15 @@ if op == 'acquire' then
   if id < now * 1000 then id = now * 1000 end
   redis.call('HSET', hash, 'n', fmt(id + 1))
   local idtext = fmt(id)
+  -- Promised only behind promised tickets (Queue::all_promised).
+  local promise = flying == 0
+  if promise then
+    local last_id = redis.call('ZREVRANGE', queue, 0, 0)[1]
+    local behind = last_id and parse_ticket(last_id)
+    if behind and not promised(behind) then promise = false end
+  end
   redis.call('ZADD', queue, id, idtext)
-  redis.call('HSET', hash, 'q' .. idtext, encode_ticket(due, due + lease, cost))
+  redis.call('HSET', hash, 'q' .. idtext, encode_ticket(due, due + lease, cost, promise))
   note_lease(due + lease)
   for c = 1, NC do pq[c] = pq[c] + cost[c] end
   store()
@@ -1069,11 +1151,22 @@ if op == 'acquire' then
 elseif op == 'admit' then
   local id = int(ARGV[args + 1], 0, MAX)
   local flying = int(ARGV[args + 2], 0, 1)
-  if id == nil or flying == nil then return fail('bad ticket') end
+  -- When the holder was told it is due (-1: not said).
+  local due = int(ARGV[args + 3], -1, MAX)
+  if id == nil or flying == nil or due == nil then return fail('bad ticket') end
   local t = parse_ticket(fmt(id))
   if t == nil then
     store()
+    -- Gone between its due time and its lease's end: it was promised, and charged then.
+    if flying == 0 and due >= 0 and due <= now and now <= due + lease then
+      return {'ok', now}
+    end
     return {'lost', now}
+  end
+  if promised(t) then
+    -- Not due yet: a due one was charged before this operation.
+    store()
+    return {'wait', t.due - now, now}
   end
   -- A holder that comes back after its ticket's lease has lost its place: it lapsed.
   if t.lease < now then
@@ -1131,7 +1224,7 @@ elseif op == 'admit' then
     ready = now + wait
   end
   if ready + lease > t.lease then
-    redis.call('HSET', hash, 'q' .. t.id, encode_ticket(t.due, ready + lease, t.cost))
+    redis.call('HSET', hash, 'q' .. t.id, encode_ticket(t.due, ready + lease, t.cost, t.promise))
     note_lease(ready + lease)
   end
   store()
@@ -1140,7 +1233,8 @@ elseif op == 'admit' then
   return {'wait', ready - now, now}
 elseif op == 'cancel' then
   local id = int(ARGV[args + 1], 0, MAX)
-  if id == nil then return fail('bad ticket') end
+  local due = int(ARGV[args + 2], -1, MAX)
+  if id == nil or due == nil then return fail('bad ticket') end
   local t = parse_ticket(fmt(id))
   if t ~= nil then
     forget_ticket(t)
@@ -1148,6 +1242,10 @@ elseif op == 'cancel' then
   end
   expire_head()
   store()
+  -- Promised and charged at its due time already: the caller gives the charge back.
+  if t == nil and due >= 0 and due <= now and now <= due + lease then
+    return {'ok', now}
+  end
   return {'done', now}
 elseif op == 'adjust' then
   local delta = {}
@@ -1238,7 +1336,7 @@ elseif op == 'penalize' then
         if full ~= o.full then
           o.full = full
           redis.call('HSET', hash, 'f' .. fmt(o.id), encode_flight(o))
-          drop_shadow()
+          replan()
         end
       end
     end
@@ -1252,7 +1350,7 @@ elseif op == 'penalize' then
     end
     flights_changed = true
   end
-  drop_shadow()
+  replan()
   store()
   return {'emptied', emptied[1], emptied[2], emptied[3], emptied[4], now}
 elseif op == 'lower' then
@@ -1272,7 +1370,7 @@ elseif op == 'lower' then
     end
   end
   if above == nil then above = 0 end
-  drop_shadow()
+  replan()
   store()
   return {'lowered', above, now}
 elseif op == 'sync' then
@@ -1408,7 +1506,7 @@ elseif op == 'sync' then
   end
   local settled = nil
   if then_used ~= nil then settled = settle_flight(id, charged, then_used, 1, counted_after) end
-  drop_shadow()
+  replan()
   store()
   local reply = {'synced'}
   for c = 1, NC do

@@ -7,7 +7,7 @@ use std::sync::LazyLock;
 
 use crate::bucket::{self, Amount, Available};
 use crate::rate::{Currency, Limits, PerCurrency, Rate};
-use crate::store::Op;
+use crate::store::{Op, Ticket};
 
 /// The script as written: constants in double braces are filled in from Rust's.
 const TEMPLATE: &str = include_str!("script.lua");
@@ -96,6 +96,13 @@ fn exact(value: i64) -> i64 {
     value.clamp(-MAX_EXACT, MAX_EXACT)
 }
 
+/// A ticket's due time in milliseconds on the server's clock, or -1 when not known.
+fn due_arg(ticket: Ticket) -> i64 {
+    ticket.due().map_or(-1, |due| {
+        i64::try_from(due).unwrap_or(i64::MAX).min(MAX_EXACT)
+    })
+}
+
 /// The script's name for `op`, and its own arguments.
 pub(super) fn op_args(op: &Op) -> (&'static str, Vec<i64>) {
     let ms_floor = |d: std::time::Duration| i64::try_from(d.as_millis()).unwrap_or(MAX_EXACT);
@@ -118,8 +125,11 @@ pub(super) fn op_args(op: &Op) -> (&'static str, Vec<i64>) {
             args.push(flag(fly));
             args
         }),
-        Op::Admit { ticket, fly } => ("admit", vec![amount(ticket.id()), flag(fly)]),
-        Op::Cancel { ticket } => ("cancel", vec![amount(ticket.id())]),
+        Op::Admit { ticket, fly } => (
+            "admit",
+            vec![amount(ticket.id()), flag(fly), due_arg(ticket)],
+        ),
+        Op::Cancel { ticket } => ("cancel", vec![amount(ticket.id()), due_arg(ticket)]),
         Op::Adjust { delta } => ("adjust", delta.values().iter().map(|d| exact(*d)).collect()),
         Op::Penalize {
             pause,
@@ -215,6 +225,8 @@ pub(super) enum Reply {
         now_ms: u64,
     },
     Synced {
+        /// Boxed, as in [`Outcome::Synced`](crate::store::Outcome::Synced): the rare large
+        /// answer would otherwise make every reply as large.
         synced: Box<crate::store::Synced>,
         now_ms: u64,
     },

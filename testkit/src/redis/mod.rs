@@ -42,6 +42,7 @@ const SCRIPT_INSIDE: &[&str] = &[
     "zrange",
     "zrangebyscore",
     "zrevrangebyscore",
+    "zrevrange",
     "zcard",
     "zcount",
     "pexpire",
