@@ -3,7 +3,8 @@
 # built the tree, the example programs and tollgate-proxy): a virtualenv, the wheel built by
 # maturin on that same tree, and pytest.
 #
-#   bash python/ci.sh
+#   bash python/ci.sh              # everything
+#   bash python/ci.sh --prepare    # only the virtualenv and its packages
 #
 # The wheel is built with the dev profile in the workspace's target directory, with the
 # features the test kit turns on and the same RUSTFLAGS, so that it reuses the dependencies
@@ -20,9 +21,16 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
 # The SDKs the transports are tested with (openai and anthropic; both ride on httpx2), httpx
-# itself, tiktoken to check counts against, pydantic models as arguments.
+# itself, tiktoken to check counts against, pydantic models as arguments. Already there (after
+# `--prepare`), this is a quick check.
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
   maturin pytest httpx tiktoken openai anthropic pydantic
+# `--prepare`: only the virtualenv and its packages (mostly waiting on the network), which
+# .ci/run does while the tree builds.
+if [ "${1:-}" = "--prepare" ]; then
+  echo "python/ci.sh --prepare: the virtualenv is ready in $(( $(date +%s) - started )) s"
+  exit 0
+fi
 
 rm -rf "$CARGO_TARGET_DIR/python-wheels"
 VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH" "$venv/bin/maturin" build --profile dev \
