@@ -160,14 +160,14 @@ impl ManualClock {
 
     /// Sets the clock to `at` since the origin. Moving it backwards is an error that names both
     /// times and leaves the clock where it was.
-    pub fn set(&self, at: Duration) -> Result<(), crate::Error> {
+    pub fn set(&self, at: Duration) -> Result<(), crate::error::Error> {
         let at = Nanos::from_duration(at);
         self.nanos
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |now| {
                 (at.0 >= now).then_some(at.0)
             })
             .map(|_| ())
-            .map_err(|now| crate::Error::ClockWentBackwards {
+            .map_err(|now| crate::error::Error::ClockWentBackwards {
                 from: Duration::from_nanos(now),
                 to: at.as_duration(),
             })

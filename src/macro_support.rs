@@ -196,11 +196,11 @@ impl Resolved<'_> {
         // past a token window the estimate alone fits in. An estimator that errs high by design
         // gets none by default.
         let margin = match self.site.margin {
-            Some(bp) => crate::Margin::percent(f64::from(bp) / 100.0),
+            Some(bp) => crate::cost::Margin::percent(f64::from(bp) / 100.0),
             None if input == 0 || self.estimator().is_ok_and(|e| e.errs_high()) => {
-                crate::Margin::NONE
+                crate::cost::Margin::NONE
             }
-            None => crate::Margin::DEFAULT,
+            None => crate::cost::Margin::DEFAULT,
         };
         let estimate = input;
         let mut input = margin.on(estimate);

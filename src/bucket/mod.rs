@@ -338,7 +338,7 @@ pub struct SyncArgs {
     /// request limit, so a gate following them names its tokens but not its request), so its
     /// count is read without the call there. Its charge is not given back: a 429 never raises
     /// a window (a retry pays again).
-    pub refused: Option<crate::Currencies>,
+    pub refused: Option<crate::rate::Currencies>,
     /// How long after the call went out the provider counted it: its own stamp where it sends
     /// one, else half the round trip. The windows' refill in between is the key's, not the
     /// provider's (it was full, or counting, from later on): the comparison credits it to the

@@ -10,7 +10,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use super::call::Call;
 use super::gate::{Estimated, Gate, LimitsSource};
 use super::keys::GateKey;
-use crate::Error;
+use crate::error::Error;
 
 impl Gate {
     /// Finds the request's key and cost, and waits for its toll (or, on a key whose limits are
@@ -150,17 +150,17 @@ impl Gate {
 
 /// What the key's windows hold right after an admission, at `trace` level: beside a provider's
 /// own record of the same call, where the two first part is found.
-async fn trace_admitted(limiter: &crate::Limiter, cost: crate::Cost) {
+async fn trace_admitted(limiter: &crate::limiter::Limiter, cost: crate::cost::Cost) {
     if !tracing::enabled!(tracing::Level::TRACE) {
         return;
     }
     if let Ok(snapshot) = limiter.snapshot().await {
-        let level = |c: crate::Currency| snapshot.least(c).map(|a| a.as_f64());
+        let level = |c: crate::rate::Currency| snapshot.least(c).map(|a| a.as_f64());
         tracing::trace!(
             key = %limiter.key(),
             tokens = cost.tokens,
-            requests_left = ?level(crate::Currency::Requests),
-            tokens_left = ?level(crate::Currency::Tokens),
+            requests_left = ?level(crate::rate::Currency::Requests),
+            tokens_left = ?level(crate::rate::Currency::Tokens),
             "admitted",
         );
     }
@@ -178,10 +178,10 @@ enum Wait {
 impl Wait {
     async fn acquire(
         self,
-        limiter: &crate::Limiter,
-        cost: crate::Cost,
+        limiter: &crate::limiter::Limiter,
+        cost: crate::cost::Cost,
         left: Option<Duration>,
-    ) -> Result<crate::Permit, Error> {
+    ) -> Result<crate::limiter::Permit, Error> {
         match self {
             Wait::Until(_) => limiter.acquire_flight(cost, left).await,
             Wait::Not => limiter.acquire_flight_now(cost).await,

@@ -13,7 +13,8 @@ use super::body::{MeteredBody, is_event_stream, read_short};
 use super::call::{Call, SettledFn};
 use super::gate::{Estimated, Gate};
 use super::verdict::{PermanentRefusal, Verdict};
-use crate::{Error, Permit};
+use crate::error::Error;
+use crate::limiter::Permit;
 
 /// What an adapter does after an answer.
 #[derive(Debug)]

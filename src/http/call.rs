@@ -18,7 +18,10 @@ use super::usage::Reported;
 use super::verdict::Verdict;
 use super::verdict::{error_detail, spent};
 use crate::bucket::{Refusal, SyncArgs, Synced};
-use crate::{Cost, Currency, Error, Limiter, Permit, Usage};
+use crate::cost::{Cost, Usage};
+use crate::error::Error;
+use crate::limiter::{Limiter, Permit};
+use crate::rate::Currency;
 
 /// One request on its way: admitted, and waiting for its response.
 ///

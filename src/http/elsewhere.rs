@@ -22,8 +22,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::limiter::Limiter;
+use crate::rate::Currency;
 use crate::rate::PerCurrency;
-use crate::{Currency, Limiter};
 
 /// How far back the fit looks: long enough that a neighbour's bursts average out, short
 /// enough that a stop shows within seconds.
@@ -145,7 +146,7 @@ impl Elsewhere {
 
     /// Charges what the model says was spent elsewhere since the last charge (as corrected,
     /// through a sync that reads no count).
-    pub(super) async fn charge(&self, limiter: &Limiter) -> Result<(), crate::Error> {
+    pub(super) async fn charge(&self, limiter: &Limiter) -> Result<(), crate::error::Error> {
         let due = self.due();
         if due == PerCurrency::default() {
             return Ok(());
@@ -280,7 +281,7 @@ impl Elsewhere {
     /// first answer, and a charge from each would keep back a quarter per process (eight
     /// processes held back two windows' worth, and ran 1.4 times slower than without sync),
     /// where lowering twice to the same level keeps back the quarter once.
-    pub(super) async fn blind(&self, limiter: &Limiter) -> Result<(), crate::Error> {
+    pub(super) async fn blind(&self, limiter: &Limiter) -> Result<(), crate::error::Error> {
         {
             let mut model = self.model();
             if model.blind {

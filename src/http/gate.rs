@@ -13,7 +13,12 @@ use serde_json::Value;
 use super::keys::GateKey;
 use super::profile::{OutputTo, Profile};
 use super::request;
-use crate::{Backoff, Cost, Currency, Error, Estimator, Limits, Registry};
+use crate::backoff::Backoff;
+use crate::cost::Cost;
+use crate::error::Error;
+use crate::rate::{Currency, Limits};
+use crate::registry::Registry;
+use tollgate_estimators::Estimator;
 
 /// How a request's key is found: from the request's head and its JSON body (`Value::Null` when
 /// the body is not JSON).
@@ -50,14 +55,14 @@ pub(super) struct Inner {
     /// Keys with limits of their own (a model's).
     pub(super) key_limits: HashMap<String, LimitsSource>,
     /// A budget every key keeps beside the limits learned from headers.
-    pub(super) spend: crate::Rates,
+    pub(super) spend: crate::rate::Rates,
     pub(super) sync: bool,
     pub(super) foreign: bool,
     retries: u32,
     pub(super) backoff: Backoff,
     timeout: Option<Duration>,
     pub(super) first_answer: Option<Duration>,
-    margin: crate::Margin,
+    margin: crate::cost::Margin,
     off_worker_above: usize,
     max_body: usize,
     keys: Mutex<HashMap<String, Arc<GateKey>>>,
@@ -120,14 +125,14 @@ pub struct GateBuilder {
     key: Option<Arc<KeyFn>>,
     limits: Option<LimitsSource>,
     key_limits: HashMap<String, LimitsSource>,
-    spend: crate::Rates,
+    spend: crate::rate::Rates,
     sync: bool,
     foreign: bool,
     retries: u32,
     backoff: Backoff,
     timeout: Option<Duration>,
     first_answer: Option<Duration>,
-    margin: crate::Margin,
+    margin: crate::cost::Margin,
     off_worker_above: usize,
     max_body: usize,
 }
@@ -214,7 +219,7 @@ impl GateBuilder {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn spend(mut self, budget: crate::Rates) -> GateBuilder {
+    pub fn spend(mut self, budget: crate::rate::Rates) -> GateBuilder {
         self.spend = budget;
         self
     }
@@ -308,7 +313,7 @@ impl GateBuilder {
     /// its usage: the provider's own count strays from the estimate, and the calls in flight
     /// carry that error unseen until their answers come. [`Margin::NONE`](crate::Margin::NONE)
     /// charges the estimate as it is.
-    pub fn estimate_margin(mut self, margin: crate::Margin) -> GateBuilder {
+    pub fn estimate_margin(mut self, margin: crate::cost::Margin) -> GateBuilder {
         self.margin = margin;
         self
     }
@@ -380,14 +385,14 @@ impl Gate {
             key: None,
             limits: None,
             key_limits: HashMap::new(),
-            spend: crate::Rates::none(),
+            spend: crate::rate::Rates::none(),
             sync: true,
             foreign: true,
             retries: 3,
             backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(30)),
             timeout: Some(TIMEOUT),
             first_answer: Some(FIRST_ANSWER_WAIT),
-            margin: crate::Margin::DEFAULT,
+            margin: crate::cost::Margin::DEFAULT,
             off_worker_above: crate::counting::DEFAULT_OFF_WORKER_ABOVE,
             max_body: MAX_BODY,
         }
@@ -409,7 +414,7 @@ impl Gate {
     /// remembers thousands). For a status page: read its levels with
     /// [`Limiter::snapshot`](crate::Limiter::snapshot) and its queue with
     /// [`Limiter::waiters`](crate::Limiter::waiters).
-    pub fn limiter_of(&self, key: &str) -> Option<crate::Limiter> {
+    pub fn limiter_of(&self, key: &str) -> Option<crate::limiter::Limiter> {
         self.inner
             .keys
             .lock()

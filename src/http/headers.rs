@@ -6,8 +6,8 @@ use std::time::{Duration, SystemTime};
 use http::HeaderMap;
 
 use super::profile::{Profile, ResetForm};
-use crate::Currency;
 use crate::headers::{MAX_RETRY_AFTER, parse_retry_after, until_rfc3339};
+use crate::rate::Currency;
 
 /// What the headers of one response said about one currency.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,7 +10,10 @@ use tokio::sync::Semaphore;
 
 use super::elsewhere::Elsewhere;
 use super::headers::RateHeader;
-use crate::{Currency, Error, Limiter, Limits, PerCurrency, Rate, Rates, Registry};
+use crate::error::Error;
+use crate::limiter::Limiter;
+use crate::rate::{Currency, Limits, PerCurrency, Rate, Rates};
+use crate::registry::Registry;
 
 /// The largest limit a gate learns from a header: no provider states a quota of a trillion a
 /// period; a larger number is garbage, and learning it would leave the key unlimited.

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::fmt;
 
 use super::models::{self, Model, Price};
-use crate::{Currencies, Currency};
+use crate::rate::{Currencies, Currency};
 
 /// What a 429 costs: the refused request. OpenAI: "unsuccessful requests contribute to your
 /// per-minute limit, so continuously resending a request won't work"

@@ -13,15 +13,15 @@ use super::verdict::PermanentRefusal;
 #[derive(Debug)]
 pub(crate) enum Failure {
     /// tollgate refused or could not wait (timeout, store down, ...).
-    Gate(crate::Error),
+    Gate(crate::error::Error),
     /// A 429 no retry can fix.
     Permanent(PermanentRefusal),
     /// The body of a 429 could not be read.
     Read(reqwest::Error),
 }
 
-impl From<crate::Error> for Failure {
-    fn from(err: crate::Error) -> Failure {
+impl From<crate::error::Error> for Failure {
+    fn from(err: crate::error::Error) -> Failure {
         Failure::Gate(err)
     }
 }

@@ -43,7 +43,7 @@ pub fn retry_info_delay(body: &[u8]) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::MAX_RETRY_AFTER;
+    use crate::headers::MAX_RETRY_AFTER;
 
     fn body(delay: &str) -> Vec<u8> {
         format!(

@@ -7,7 +7,8 @@ use serde_json::Value;
 use tollgate_estimators::Estimator;
 
 use super::profile::{OutputTo, Profile};
-use crate::{Limits, Usage};
+use crate::cost::Usage;
+use crate::rate::Limits;
 
 /// Token counts a response reported; a field the response did not carry is `None`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -630,7 +631,7 @@ event: message_delta\r\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_to
         assert_eq!(reported.cache_read, Some(100));
         let limits = Limits::parse("", "10000/m")
             .unwrap()
-            .with_output_tokens("4000/m".parse::<crate::Rates>().unwrap());
+            .with_output_tokens("4000/m".parse::<crate::rate::Rates>().unwrap());
         let usage = reported.usage(&Profile::anthropic(), &limits);
         assert_eq!((usage.tokens, usage.output_tokens), (Some(30), Some(15)));
         let counted = reported.usage(&Profile::anthropic().cache_reads_count(true), &limits);

@@ -9,7 +9,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::headers::RateHeader;
-use crate::{Cost, Currencies, Currency};
+use crate::cost::Cost;
+use crate::rate::{Currencies, Currency};
 
 /// What a response meant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,7 +75,7 @@ const PROVIDER_COUNTS: [Currency; 3] =
 pub(super) fn spent(
     read: &[RateHeader],
     cost: Cost,
-    configured: &crate::Limits,
+    configured: &crate::rate::Limits,
     body: Option<&[u8]>,
 ) -> Currencies {
     let counted: Vec<&RateHeader> = read

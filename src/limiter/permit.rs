@@ -173,7 +173,7 @@ impl<S: Store> Permit<S> {
         self.limiter
             .refused(
                 retry_after.unwrap_or(UNSAID_PAUSE),
-                crate::Currencies::PROVIDER,
+                crate::rate::Currencies::PROVIDER,
                 refusal,
                 self.number,
             )

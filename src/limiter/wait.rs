@@ -119,7 +119,7 @@ impl<S: Store> Drop for Delivery<S> {
 /// jitter would only make worse. From the second on, jitter grows as
 /// [`Backoff`](crate::Backoff) says: something keeps taking what the schedule promised (a
 /// settlement in debt, a provider's lower count, another process), or a pause holds the key.
-fn retry_sleep(backoff: crate::Backoff, hint: Duration, attempt: u32) -> Duration {
+fn retry_sleep(backoff: crate::backoff::Backoff, hint: Duration, attempt: u32) -> Duration {
     match attempt {
         0 => hint,
         n => backoff.sleep_for(hint, n - 1),

@@ -182,7 +182,7 @@ impl KeyState {
             .as_deref()
             .and_then(|f| f.find(args.flight).map(|i| (i, f.list[i], f.close_to(i))));
         let ambiguous = found.is_none_or(|(_, _, (_, ambiguous))| ambiguous);
-        let back = args.refused.unwrap_or(crate::Currencies::NONE);
+        let back = args.refused.unwrap_or(crate::rate::Currencies::NONE);
         if let Some((i, flight, _)) = found {
             self.credit_full(limits, i, &flight, args.counted_after, back);
         }
