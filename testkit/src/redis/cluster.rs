@@ -87,9 +87,11 @@ impl RedisCluster {
             args: extra.iter().map(|s| s.to_string()).collect(),
         };
         for i in 0..6 {
-            let port = if i == 0 { first } else { free_port() };
-            cluster.nodes.push(Node { port, child: None });
-            cluster.launch(i);
+            cluster.nodes.push(Node {
+                port: first,
+                child: None,
+            });
+            cluster.launch_new(i);
         }
         let addresses: Vec<String> = cluster
             .nodes
@@ -121,7 +123,28 @@ impl RedisCluster {
             .cloned()
     }
 
+    /// Starts node `i` on a port free now, and its cluster bus (the port + 10,000) free too;
+    /// another port if the server could not bind it after all (another test's server or
+    /// connection took it in between: a node that never answered had failed CI).
+    fn launch_new(&mut self, i: usize) {
+        for _ in 0..10 {
+            self.nodes[i].port = cluster_port();
+            if self.spawn(i) {
+                return;
+            }
+        }
+        panic!("no cluster node started in 10 tries on free ports");
+    }
+
+    /// Starts node `i` again on its port.
     fn launch(&mut self, i: usize) {
+        let port = self.nodes[i].port;
+        assert!(self.spawn(i), "cluster node on {port} did not answer");
+    }
+
+    /// Starts node `i` on its port: whether it answered within 10 s (false: the server ended,
+    /// having failed to bind its port or its bus).
+    fn spawn(&mut self, i: usize) -> bool {
         let port = self.nodes[i].port;
         let dir = self.dir.join(port.to_string());
         std::fs::create_dir_all(&dir).expect("a directory for the node");
@@ -148,15 +171,28 @@ impl RedisCluster {
             .spawn()
             .expect("redis-server starts");
         self.nodes[i].child = Some(child);
+        let pid = self.nodes[i]
+            .child
+            .as_ref()
+            .map_or(0, std::process::Child::id);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !self.node_cli(port, &["PING"]).contains("PONG") {
-            assert!(
-                Instant::now() < deadline,
-                "cluster node on {port} did not answer"
-            );
+        // Our server, not another that took the port (its process id says so).
+        while !super::server::is_process(&self.node_cli(port, &["INFO", "server"]), pid) {
+            let ended = self.nodes[i]
+                .child
+                .as_mut()
+                .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
+            if ended || Instant::now() >= deadline {
+                if let Some(mut child) = self.nodes[i].child.take() {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+                return false;
+            }
             // Waiting for a process to come up, not timing anything under test.
             std::thread::sleep(Duration::from_millis(20));
         }
+        true
     }
 
     /// `redis-cli` against one node, with the cluster's password.
@@ -396,6 +432,17 @@ impl Drop for RedisCluster {
         self.kill_all();
         if std::env::var_os("TOLLGATE_KEEP_CLUSTER_LOGS").is_none() {
             let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// A loopback port free now whose cluster bus port (10,000 above it, at most 65,535) is free
+/// too.
+fn cluster_port() -> u16 {
+    loop {
+        let port = free_port();
+        if port <= 55_535 && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
         }
     }
 }

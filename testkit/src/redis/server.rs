@@ -76,11 +76,85 @@ impl RedisServer {
             args: extra.iter().map(|s| s.to_string()).collect(),
             cluster: None,
         };
-        server.launch();
-        Some(server)
+        // A port free when chosen may be taken before the server binds it (another test's
+        // server or connection): a server that ends at once is started again on another.
+        for _ in 0..10 {
+            if server.spawn() {
+                return Some(server);
+            }
+            server.port = free_port();
+        }
+        panic!("no redis-server started in 10 tries on free ports");
     }
 
     fn launch(&mut self) {
+        self.spawn_child();
+        self.wait_until_it_answers();
+    }
+
+    /// Starts the server on its port: whether it answers (false: it ended at once, its port
+    /// taken).
+    fn spawn(&mut self) -> bool {
+        self.spawn_child();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            let ended = self
+                .child
+                .as_mut()
+                .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
+            if ended {
+                self.child = None;
+                return false;
+            }
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                break;
+            }
+            // Waiting for a process to come up, not timing anything under test.
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.wait_until_it_answers();
+        // Our server, not another that took the port first (its process id says so).
+        let pid = self.child.as_ref().map_or(0, std::process::Child::id);
+        if is_process(&self.info_server(), pid) {
+            return true;
+        }
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        false
+    }
+
+    /// The server's `INFO server` section, as text (empty if it can't be read).
+    fn info_server(&self) -> String {
+        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) else {
+            return String::new();
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+        let password = self
+            .args
+            .iter()
+            .position(|a| a == "--requirepass")
+            .and_then(|i| self.args.get(i + 1));
+        let command = match password {
+            Some(p) => format!("AUTH {p}\r\nINFO server\r\n"),
+            None => "INFO server\r\n".to_owned(),
+        };
+        if stream.write_all(command.as_bytes()).is_err() {
+            return String::new();
+        }
+        let mut text = String::new();
+        let mut buffer = [0u8; 4096];
+        while !text.contains("process_id:") || !text.ends_with("\r\n") {
+            match stream.read(&mut buffer) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => text.push_str(&String::from_utf8_lossy(&buffer[..n])),
+            }
+        }
+        text
+    }
+
+    fn spawn_child(&mut self) {
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
@@ -90,7 +164,6 @@ impl RedisServer {
             .spawn()
             .expect("redis-server starts");
         self.child = Some(child);
-        self.wait_until_it_answers();
     }
 
     fn wait_until_it_answers(&self) {
@@ -216,4 +289,10 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Whether an `INFO server` reply is from process `pid`.
+pub(super) fn is_process(info: &str, pid: u32) -> bool {
+    let line = format!("process_id:{pid}");
+    info.lines().any(|l| l.trim() == line)
 }
