@@ -268,6 +268,9 @@ impl KeyState {
         {
             found = true;
             queue.remove(index);
+            // The tickets behind it may pass sooner than they were promised: planned again
+            // (a cancelled waiter frees its place in line).
+            queue.break_promises();
             queue.shadow = None;
             if queue.tickets.is_empty() {
                 self.queue = None;

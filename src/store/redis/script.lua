@@ -1238,6 +1238,9 @@ elseif op == 'cancel' then
   local t = parse_ticket(fmt(id))
   if t ~= nil then
     forget_ticket(t)
+    -- The tickets behind it may pass sooner than they were promised: planned again (a
+    -- cancelled waiter frees its place in line), as the rule book's cancel.
+    break_promises()
     drop_shadow()
   end
   expire_head()
