@@ -373,7 +373,7 @@ impl<S: Store> Limiter<S> {
             }
         }
         let number = self.inner.admissions.fetch_add(1, Ordering::AcqRel) + 1;
-        Permit::new(self.clone(), cost, waited, penalties, flight, total).numbered(number)
+        Permit::new(self.clone(), cost, waited, penalties, flight, total, number)
     }
 
     /// Admits `cost` now if every window can pay for it (on top of every call waiting), without

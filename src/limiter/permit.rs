@@ -52,8 +52,9 @@ pub struct Permit<S: Store = AnyStore> {
     /// What the limiter had admitted, per currency, once this call was (in the currencies it
     /// paid): what went out after it is the difference.
     admitted_total: PerCurrency<u64>,
-    /// When it was admitted: its windows refilled from then.
-    admitted: tokio::time::Instant,
+    /// When it was admitted, for a call in flight (its windows refilled from then); a plain
+    /// permit reads no clock for it.
+    admitted: Option<tokio::time::Instant>,
     /// Its number among the limiter's admissions (0: not numbered).
     number: u64,
     /// How long after its admission the provider counted it, when known better than half the
@@ -81,6 +82,7 @@ impl<S: Store> Permit<S> {
         penalties: u64,
         flight: Option<u64>,
         admitted_total: PerCurrency<u64>,
+        number: u64,
     ) -> Permit<S> {
         Permit {
             limiter,
@@ -89,16 +91,10 @@ impl<S: Store> Permit<S> {
             penalties,
             flight,
             admitted_total,
-            admitted: tokio::time::Instant::now(),
+            admitted: flight.map(|_| tokio::time::Instant::now()),
             counted_after: None,
-            number: 0,
+            number,
         }
-    }
-
-    /// The same permit, numbered `number` among its limiter's admissions.
-    pub(crate) fn numbered(mut self, number: u64) -> Permit<S> {
-        self.number = number;
-        self
     }
 
     /// Its number among its limiter's admissions (see [`Limiter::refused`]).
@@ -117,7 +113,8 @@ impl<S: Store> Permit<S> {
 
     fn counted_by_now(&self) -> Duration {
         self.counted_after
-            .unwrap_or_else(|| self.admitted.elapsed() / 2)
+            .or_else(|| self.admitted.map(|at| at.elapsed() / 2))
+            .unwrap_or_default()
     }
 
     /// What this limiter admitted after this call, per currency (in the currencies it paid).
