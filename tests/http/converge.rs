@@ -513,7 +513,7 @@ async fn consecutive_429s_back_off_exponentially_with_jitter_and_reset_on_an_ans
     assert!(seen.len() > 10, "{seen:?}");
 }
 
-/// The answer of a call on `gate` refused with `headers`: its pause.
+/// The pause a 429 with `headers` gives `call`.
 async fn refused_pause(call: &mut tollgate::http::Call, headers: &HeaderMap) -> Duration {
     match call
         .respond(StatusCode::TOO_MANY_REQUESTS, headers, None)

@@ -32,6 +32,22 @@ fn limits() -> Limits {
     Limits::parse("1000/d", "100000/d").unwrap()
 }
 
+/// A gate on the Redis at `url`, with its registry.
+async fn gate_on(url: &str) -> (Arc<Registry>, Gate) {
+    let store = RedisStore::connect(url).await.unwrap();
+    let registry = Arc::new(Registry::new(store));
+    let gate = Gate::builder(Profile::openai())
+        .limits(limits())
+        .registry(Arc::clone(&registry))
+        .first_answer_wait(None)
+        // No margin below the provider's counts: the windows come to them exactly.
+        .model_foreign_spending(false)
+        .timeout(Some(Duration::from_secs(10)))
+        .build()
+        .unwrap();
+    (registry, gate)
+}
+
 async fn tokens_left(registry: &Registry, key: &str) -> i128 {
     let limiter = registry.limiter(key, &limits()).unwrap();
     let snapshot = limiter.snapshot().await.unwrap();
@@ -75,17 +91,7 @@ fn a_whole_answers_sync_and_settlement_take_one_script_call_with_the_same_window
     };
     tollgate_testkit::runtime().block_on(async {
         let url = server.url();
-        let store = RedisStore::connect(&url).await.unwrap();
-        let registry = Arc::new(Registry::new(store));
-        let gate = Gate::builder(Profile::openai())
-            .limits(limits())
-            .registry(Arc::clone(&registry))
-            .first_answer_wait(None)
-            // No margin below the provider's counts: the windows come to them exactly.
-            .model_foreign_spending(false)
-            .timeout(Some(Duration::from_secs(10)))
-            .build()
-            .unwrap();
+        let (registry, gate) = gate_on(&url).await;
         // The same call on two keys: its answer in two steps, then in one.
         let (apart, charged) = answer(&gate, &url, "gpt-4o", false).await;
         let (together, _) = answer(&gate, &url, "gpt-4o-mini", true).await;
@@ -109,17 +115,7 @@ fn a_whole_answer_dropped_before_it_settles_syncs_and_settles_in_the_background(
     };
     tollgate_testkit::runtime().block_on(async {
         let url = server.url();
-        let store = RedisStore::connect(&url).await.unwrap();
-        let registry = Arc::new(Registry::new(store));
-        let gate = Gate::builder(Profile::openai())
-            .limits(limits())
-            .registry(Arc::clone(&registry))
-            .first_answer_wait(None)
-            // No margin below the provider's counts: the windows come to them exactly.
-            .model_foreign_spending(false)
-            .timeout(Some(Duration::from_secs(10)))
-            .build()
-            .unwrap();
+        let (registry, gate) = gate_on(&url).await;
         let mut call = gate.admit(&parts(), &chat("gpt-4o")).await.unwrap();
         let charged = i128::from(call.cost().unwrap().tokens);
         call.sending();
