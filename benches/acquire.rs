@@ -28,6 +28,7 @@ fn uncontended(c: &mut Criterion) {
         cost: Cost::call(700),
         max_wait: Some(Duration::ZERO),
         fly: false,
+        share: None,
     };
 
     let mut group = c.benchmark_group("uncontended_admission");

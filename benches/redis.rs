@@ -19,6 +19,7 @@ const TRY: Op = Op::Acquire {
     cost: Cost::call(700),
     max_wait: Some(Duration::ZERO),
     fly: false,
+    share: None,
 };
 
 /// The server to measure: `TOLLGATE_BENCH_REDIS`, or one started for the run.

@@ -230,7 +230,7 @@ impl Resolved<'_> {
             Timeout::After(d) => Some(d),
         };
         if settles {
-            self.limiter.acquire_flight(cost, timeout).await
+            self.limiter.acquire_flight(cost, timeout, None).await
         } else {
             self.limiter.acquire_timeout(cost, timeout).await
         }

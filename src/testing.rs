@@ -143,7 +143,7 @@ impl Store for Recording {
 ///
 /// let limits = Limits::parse("10/s", "")?;
 /// let mut key = RuleBook::new(&limits, Duration::ZERO, Duration::from_secs(1));
-/// let try_one = Op::Acquire { cost: Cost::call(0), max_wait: Some(Duration::ZERO), fly: false };
+/// let try_one = Op::Acquire { cost: Cost::call(0), max_wait: Some(Duration::ZERO), fly: false, share: None };
 /// for _ in 0..10 {
 ///     assert_eq!(key.apply(try_one.clone(), Duration::ZERO)?, Outcome::Admitted);
 /// }

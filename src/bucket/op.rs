@@ -61,6 +61,43 @@ impl std::hash::Hash for Ticket {
     }
 }
 
+/// A tenant's claim on a key it shares with others: its name, and its weight.
+///
+/// When calls of several tenants wait at the same key, the key's capacity goes to them in
+/// proportion to their weights (weighted fair queueing by cost, see [`Op::Acquire`]); within a
+/// tenant, calls pass in arrival order. A tenant alone at a key gets all of it, and calls
+/// without a share are one tenant of weight 1.
+///
+/// ```
+/// use tollgate::store::Share;
+///
+/// let share = Share::new("team-a", 2);
+/// assert_eq!((share.tenant(), share.weight()), ("team-a", 2));
+/// // A weight of 0 would never be served: it counts as 1.
+/// assert_eq!(Share::new("team-b", 0).weight(), 1);
+/// ```
+///
+/// One pointer wide, so that an operation carrying it stays small.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Share(std::sync::Arc<(Box<str>, u32)>);
+
+impl Share {
+    /// The share of `tenant`, of `weight` (at least 1; larger is a larger share).
+    pub fn new(tenant: impl Into<Box<str>>, weight: u32) -> Share {
+        Share(std::sync::Arc::new((tenant.into(), weight.max(1))))
+    }
+
+    /// The tenant's name.
+    pub fn tenant(&self) -> &str {
+        &self.0.0
+    }
+
+    /// The tenant's weight (at least 1).
+    pub fn weight(&self) -> u32 {
+        self.0.1
+    }
+}
+
 /// One state transition of a key.
 ///
 /// Small (48 bytes) so that an admission moves little: the one large operation, a sync, is
@@ -74,6 +111,15 @@ pub enum Op {
     /// nothing changes). `max_wait` of zero never queues; `None` has no limit. With `fly`, an
     /// admitted call is remembered as in flight ([`Outcome::Flying`]) until [`Op::Settle`]
     /// says it is done: what a header sync ([`Op::Sync`]) needs.
+    ///
+    /// Tickets wait in *fair order*: each is tagged, as it is issued, with a virtual finish
+    /// time, `max(V, G) + ⌈r / (1000·w)⌉`, where `V` is the tag of the ticket first in line
+    /// (0 when nobody waits), `G` the tag of the tenant's last ticket while anyone waits, `r`
+    /// the nanoseconds the key takes to refill the call's cost (its slowest window) and `w`
+    /// the tenant's weight; it goes behind every ticket of a tag up to its own. One tenant's
+    /// tags only grow, so with one tenant (or none: calls without a share are one tenant) the
+    /// order is arrival order. A ticket placed ahead of others plans the line again: every
+    /// ticket waiting loses its promise (see [`Op::Admit`]).
     Acquire {
         /// What the call pays.
         cost: Cost,
@@ -81,6 +127,8 @@ pub enum Op {
         max_wait: Option<Duration>,
         /// Remember the call as in flight once admitted.
         fly: bool,
+        /// Whose call it is, at a key tenants share (`None`: the key's own, weight 1).
+        share: Option<Share>,
     },
     /// The holder of a ticket asks to pass: [`Outcome::Admitted`] (charged),
     /// [`Outcome::Behind`] while calls ahead of it have yet to pass, [`Outcome::NotYet`] when
@@ -221,8 +269,9 @@ impl KeyState {
                 cost,
                 max_wait,
                 fly,
+                share,
             } => self
-                .acquire(limits, now, cost, max_wait, fly, lease, id)
+                .acquire(limits, now, cost, max_wait, fly, share.as_ref(), lease, id)
                 .map_err(|e| Error::from_bucket(key, cost, e)),
             Op::Admit { ticket, fly } => self
                 .admit(

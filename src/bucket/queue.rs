@@ -1,12 +1,12 @@
-//! The calls that wait on a key, in arrival order: their tickets, what they will pay, and the
-//! shadow schedule that says when each is due.
+//! The calls that wait on a key, in fair order (arrival order for one tenant): their tickets,
+//! what they will pay, and the shadow schedule that says when each is due.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 use super::Nanos;
 use super::window::Levels;
 use crate::cost::Cost;
-use crate::rate::PerCurrency;
+use crate::rate::{Limits, PerCurrency};
 
 /// One waiting call's place.
 #[derive(Debug, Clone, Copy)]
@@ -18,6 +18,8 @@ pub(crate) struct Place {
     pub(crate) due: Nanos,
     /// Issued promised: not to fly, behind promised tickets only (see [`Queue::promised`]).
     pub(crate) promise: bool,
+    /// Its place in the fair order: the queue is sorted by tag, then by id.
+    pub(crate) tag: u64,
 }
 
 #[derive(Debug)]
@@ -31,6 +33,12 @@ pub(crate) struct Queue {
     /// Tickets up to this id lost their promise (a pause, a lowered count, a sync or a charge
     /// came before they were due).
     pub(crate) floor: u64,
+    /// The id of the last ticket issued (ids grow in the order tickets are issued).
+    pub(crate) last_id: u64,
+    /// Each tenant's last tag, while anyone waits (emptied when a ticket finds nobody waiting).
+    pub(crate) tenants: HashMap<Box<str>, u64>,
+    /// Every ticket went in at the back since the queue was last empty: ids are in order too.
+    pub(crate) by_id: bool,
 }
 
 impl Queue {
@@ -40,6 +48,9 @@ impl Queue {
             pending: Cost::default(),
             shadow: None,
             floor: 0,
+            last_id: 0,
+            tenants: HashMap::new(),
+            by_id: true,
         }
     }
 
@@ -59,8 +70,8 @@ impl Queue {
     /// The levels changed under the schedule the promises were made on: no ticket waiting
     /// is promised any more.
     pub(crate) fn break_promises(&mut self) {
-        if let Some(last) = self.tickets.back() {
-            self.floor = self.floor.max(last.id);
+        if !self.tickets.is_empty() {
+            self.floor = self.floor.max(self.last_id);
         }
     }
 
@@ -71,8 +82,55 @@ impl Queue {
     }
 
     pub(crate) fn find(&self, id: u64) -> Option<usize> {
-        self.tickets.binary_search_by_key(&id, |t| t.id).ok()
+        if self.by_id {
+            self.tickets.binary_search_by_key(&id, |t| t.id).ok()
+        } else {
+            self.tickets.iter().position(|t| t.id == id)
+        }
     }
+
+    /// The tag of a ticket of `tenant` whose fair step is `step`, and its place: behind every
+    /// ticket of a tag up to its own (see [`Op::Acquire`](super::op::Op::Acquire)). With nobody
+    /// waiting, the tenants' tags start again from 0.
+    pub(crate) fn fair_place(&mut self, tenant: &str, step: u64) -> (u64, usize) {
+        if self.tickets.is_empty() {
+            self.tenants.clear();
+            self.by_id = true;
+        }
+        let head = self.tickets.front().map_or(0, |t| t.tag);
+        let last = self.tenants.get(tenant).copied().unwrap_or(0);
+        let tag = head.max(last).saturating_add(step).min(MAX_TAG);
+        let at = self.tickets.partition_point(|t| t.tag <= tag);
+        (tag, at)
+    }
+
+    /// Puts `place` of `tenant` at `at` (from [`fair_place`](Queue::fair_place)), counting
+    /// what it will pay.
+    pub(crate) fn insert(&mut self, at: usize, tenant: &str, place: Place) {
+        if at < self.tickets.len() {
+            self.by_id = false;
+        }
+        self.tenants.insert(tenant.into(), place.tag);
+        self.last_id = self.last_id.max(place.id);
+        self.pending = add(self.pending, place.cost);
+        self.tickets.insert(at, place);
+    }
+}
+
+/// The largest tag: 2^53 - 1, the largest integer the Redis script counts exactly (a sorted
+/// set's score is a double). Microseconds of refill: reached only after centuries of backlog.
+pub(crate) const MAX_TAG: u64 = (1 << 53) - 1;
+
+/// The step a ticket's tag takes past its tenant's last one (or the head's): the microseconds
+/// the key takes to refill `cost` in its slowest window, divided by the tenant's weight,
+/// rounded up (at least 1, so that one tenant's tags only grow).
+pub(crate) fn fair_step(limits: &Limits, cost: Cost, weight: u32) -> u64 {
+    let refill = super::window::windows(limits)
+        .map(|(c, w)| w.wait(0, w.units(cost.of(c))))
+        .max()
+        .unwrap_or(0);
+    let micros = refill.div_ceil(1_000 * u128::from(weight.max(1)));
+    u64::try_from(micros).unwrap_or(MAX_TAG).clamp(1, MAX_TAG)
 }
 
 /// What the holder of a ticket learns by reading the ticket's record at its due time, without

@@ -15,8 +15,8 @@ mod ledger;
 
 use super::flights::Flights;
 use super::op::Outcome;
-use super::op::Ticket;
-use super::queue::{Place, Queue, add, scale, sub};
+use super::op::{Share, Ticket};
+use super::queue::{Place, Queue, add, fair_step, scale, sub};
 use super::window::{Levels, Window, windows};
 use super::{
     Available, BucketError, Delta, MAX_QUEUE, Nanos, SCAN_AHEAD, SyncArgs, Synced, saturate,

@@ -72,7 +72,9 @@ impl Gate {
                     continue;
                 }
                 let cost = self.cost_of(estimated, Some(limiter.limits()))?;
-                let permit = wait.acquire(&limiter, cost, left()).await?;
+                let permit = wait
+                    .acquire(&limiter, cost, left(), estimated.share())
+                    .await?;
                 return Ok(Call::new(
                     self.clone(),
                     state,
@@ -107,7 +109,9 @@ impl Gate {
                     _ => None,
                 };
                 let cost = self.cost_of(estimated, Some(limiter.limits()))?;
-                let permit = wait.acquire(&limiter, cost, left()).await?;
+                let permit = wait
+                    .acquire(&limiter, cost, left(), estimated.share())
+                    .await?;
                 trace_admitted(&limiter, cost).await;
                 return Ok(Call::new(
                     self.clone(),
@@ -181,9 +185,10 @@ impl Wait {
         limiter: &crate::limiter::Limiter,
         cost: crate::cost::Cost,
         left: Option<Duration>,
+        share: Option<&crate::store::Share>,
     ) -> Result<crate::limiter::Permit, Error> {
         match self {
-            Wait::Until(_) => limiter.acquire_flight(cost, left).await,
+            Wait::Until(_) => limiter.acquire_flight(cost, left, share).await,
             Wait::Not => limiter.acquire_flight_now(cost).await,
         }
     }

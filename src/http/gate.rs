@@ -639,6 +639,7 @@ impl Gate {
             unseen: 0,
             fees,
             fee_each,
+            share: None,
         })
     }
 
@@ -824,6 +825,8 @@ pub struct Estimated {
     pub(super) fees: u64,
     /// The dearest fee of one of its tools' calls.
     pub(super) fee_each: u64,
+    /// Whose call it is, where tenants share the key (see [`Estimated::with_share`]).
+    pub(super) share: Option<crate::store::Share>,
 }
 
 impl Estimated {
@@ -860,6 +863,19 @@ impl Estimated {
     pub fn with_unseen_input(mut self, tokens: u64) -> Estimated {
         self.unseen = tokens;
         self
+    }
+
+    /// The same request, made by a tenant of a key tenants share: while calls of several
+    /// tenants wait at the key, they pass in fair order by weight (see
+    /// [`Limiter::acquire_as`](crate::Limiter::acquire_as)), not in arrival order.
+    pub fn with_share(mut self, share: crate::store::Share) -> Estimated {
+        self.share = Some(share);
+        self
+    }
+
+    /// Whose call it is, if tenants share its key.
+    pub fn share(&self) -> Option<&crate::store::Share> {
+        self.share.as_ref()
     }
 
     /// The fees of the server-side tools the request declares (web search, file search, code

@@ -18,6 +18,12 @@
 //! old due time (and, if it can't pass yet, hears exactly when it can). So after a refund every
 //! waiter passes as soon as every window can pay it and the calls ahead of it have passed, at
 //! the cost of at most one early question per waiter.
+//!
+//! Tenants sharing a key ([`Share`](crate::store::Share)) wait in fair order, not in the order
+//! their tickets were issued; but each tenant's own tickets keep their order. So the line is
+//! kept per *lane* (one per tenant): a ticket is ahead of another only in the same lane, and a
+//! call passing nudges the next of its own tenant. Across lanes, the store's hints are all there
+//! is, as for calls of other processes.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -25,7 +31,21 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// The tickets of this limiter's waiters by id (ids grow in the order tickets are issued).
+/// A waiter's place: its lane (0 for calls without a share, else its tenant's name hashed)
+/// and its ticket's id (ids grow in the order tickets are issued).
+pub(super) type Spot = (u64, u64);
+
+/// The lane of calls of `share`'s tenant.
+pub(super) fn lane(share: Option<&crate::store::Share>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    share.map_or(0, |s| {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        s.tenant().hash(&mut hasher);
+        hasher.finish() | 1
+    })
+}
+
+/// The tickets of this limiter's waiters, by lane and id.
 #[derive(Debug, Default)]
 pub(super) struct Line {
     state: Mutex<State>,
@@ -33,7 +53,7 @@ pub(super) struct Line {
 
 #[derive(Debug, Default)]
 struct State {
-    tickets: BTreeMap<u64, Place>,
+    tickets: BTreeMap<Spot, Place>,
     /// Set by a refund or a penalty until the line is empty: each waiter that passes rings the
     /// next.
     replanning: bool,
@@ -52,7 +72,7 @@ struct Place {
 
 impl Line {
     /// A waiter holds `ticket` and sleeps until it is due; `bell` rings it early.
-    pub(super) fn join(&self, ticket: u64, bell: &Arc<Notify>) {
+    pub(super) fn join(&self, ticket: Spot, bell: &Arc<Notify>) {
         let place = Place {
             bell: Some(Arc::clone(bell)),
             ..Place::default()
@@ -61,24 +81,34 @@ impl Line {
     }
 
     /// The windows changed other than by the line's own schedule (a refund, a penalty): the
-    /// first waiter asks again now, and the line is planned again (see the module docs).
+    /// first waiter of each lane asks again now, and the line is planned again (see the module
+    /// docs).
     pub(super) fn replan(&self) {
-        let bell = {
+        let bells: Vec<Arc<Notify>> = {
             let mut state = self.lock();
             state.replanning = !state.tickets.is_empty();
-            state
-                .tickets
-                .values()
-                .next()
-                .and_then(|place| place.bell.clone())
+            let mut lane = None;
+            let mut bells = Vec::new();
+            for (&(l, _), place) in &state.tickets {
+                if lane != Some(l) {
+                    lane = Some(l);
+                    bells.extend(place.bell.clone());
+                }
+            }
+            bells
         };
-        if let Some(bell) = bell {
+        for bell in bells {
             bell.notify_one();
         }
     }
 
+    /// The tickets ahead of `ticket` in its lane.
+    fn ahead(state: &State, (lane, id): Spot) -> bool {
+        state.tickets.range((lane, 0)..(lane, id)).next().is_some()
+    }
+
     /// The waiter of `ticket` will ask the store again at `wake` at the latest.
-    pub(super) fn wakes_at(&self, ticket: u64, wake: Instant) {
+    pub(super) fn wakes_at(&self, ticket: Spot, wake: Instant) {
         if let Some(place) = self.lock().tickets.get_mut(&ticket) {
             place.wake = Some(wake);
         }
@@ -96,12 +126,12 @@ impl Line {
 
     /// The waiter of `ticket` is behind: `nudge` is notified when the ticket ahead of it
     /// passes.
-    pub(super) fn stand(&self, ticket: u64, nudge: &Arc<Notify>) {
+    pub(super) fn stand(&self, ticket: Spot, nudge: &Arc<Notify>) {
         self.lock().tickets.entry(ticket).or_default().nudge = Some(Arc::clone(nudge));
     }
 
     /// The waiter of `ticket` woke (and asks again).
-    pub(super) fn sit(&self, ticket: u64) {
+    pub(super) fn sit(&self, ticket: Spot) {
         if let Some(place) = self.lock().tickets.get_mut(&ticket) {
             place.nudge = None;
         }
@@ -110,9 +140,9 @@ impl Line {
     /// If a ticket of this limiter is ahead of `ticket`, waits for its nudge (as
     /// [`stand`](Line::stand)) and answers true; else changes nothing. One step, so that the
     /// ticket ahead can't pass unseen in between.
-    pub(super) fn stand_if_behind(&self, ticket: u64, nudge: &Arc<Notify>) -> bool {
+    pub(super) fn stand_if_behind(&self, ticket: Spot, nudge: &Arc<Notify>) -> bool {
         let mut state = self.lock();
-        if state.tickets.range(..ticket).next().is_none() {
+        if !Self::ahead(&state, ticket) {
             return false;
         }
         state.tickets.entry(ticket).or_default().nudge = Some(Arc::clone(nudge));
@@ -120,20 +150,20 @@ impl Line {
     }
 
     /// Whether a ticket of this limiter is ahead of `ticket`.
-    pub(super) fn has_ahead(&self, ticket: u64) -> bool {
-        self.lock().tickets.range(..ticket).next().is_some()
+    pub(super) fn has_ahead(&self, ticket: Spot) -> bool {
+        Self::ahead(&self.lock(), ticket)
     }
 
     /// Ticket `ticket` passed or gave up its place: the ticket right after it asks again, if
     /// it was waiting to be nudged, or if the line is being planned again.
-    pub(super) fn moved(&self, ticket: u64) {
+    pub(super) fn moved(&self, ticket: Spot) {
         let next = {
             let mut state = self.lock();
             state.tickets.remove(&ticket);
             let replanning = state.replanning;
             let next = state
                 .tickets
-                .range_mut(ticket.saturating_add(1)..)
+                .range_mut((ticket.0, ticket.1.saturating_add(1))..=(ticket.0, u64::MAX))
                 .next()
                 .and_then(|(_, place)| {
                     place
@@ -176,29 +206,29 @@ mod tests {
             Arc::new(Notify::new()),
         );
         let bell = Arc::new(Notify::new());
-        line.join(3, &bell);
-        line.stand(5, &a);
-        assert!(line.has_ahead(5));
-        assert!(!line.has_ahead(3));
-        assert!(!line.stand_if_behind(3, &c));
-        line.join(7, &bell);
-        line.stand(9, &b);
+        line.join((0, 3), &bell);
+        line.stand((0, 5), &a);
+        assert!(line.has_ahead((0, 5)));
+        assert!(!line.has_ahead((0, 3)));
+        assert!(!line.stand_if_behind((0, 3), &c));
+        line.join((0, 7), &bell);
+        line.stand((0, 9), &b);
         // Ticket 3 passing nudges 5, right behind it.
-        line.moved(3);
+        line.moved((0, 3));
         assert!(nudged(&a).await);
-        line.sit(5);
+        line.sit((0, 5));
         // Ticket 5 passing reaches 7, which sleeps until due: 9, behind 7, is not woken early.
-        line.moved(5);
+        line.moved((0, 5));
         assert!(!nudged(&b).await);
-        line.moved(7);
+        line.moved((0, 7));
         assert!(nudged(&b).await);
         // A ticket given up nudges the one behind it too; a waiter that sat down is not.
-        line.stand(11, &c);
-        line.sit(11);
-        line.moved(9);
+        line.stand((0, 11), &c);
+        line.sit((0, 11));
+        line.moved((0, 9));
         assert!(!nudged(&c).await);
-        line.moved(11);
-        line.moved(u64::MAX);
+        line.moved((0, 11));
+        line.moved((0, u64::MAX));
         assert!(line.lock().tickets.is_empty());
     }
 }

@@ -14,7 +14,7 @@ use crate::bucket::Snapshot;
 use crate::cost::Cost;
 use crate::error::Error;
 use crate::rate::{Currency, Limits, PerCurrency};
-use crate::store::{AnyStore, Op, Outcome, Store};
+use crate::store::{AnyStore, Op, Outcome, Share, Store};
 
 mod builder;
 mod health;
@@ -387,6 +387,7 @@ impl<S: Store> Limiter<S> {
             cost,
             max_wait: Some(Duration::ZERO),
             fly: false,
+            share: None,
         };
         // The store checks the cost; a call that never waits reads no clock of its own. A
         // store that answers at once (memory) returns before any `.await`, so that nothing of
@@ -425,7 +426,7 @@ impl<S: Store> Limiter<S> {
     ) -> Result<Permit<S>, Error> {
         let start = Instant::now();
         let deadline = timeout.and_then(|t| start.checked_add(t));
-        self.instrumented(cost, start, deadline, false).await
+        self.instrumented(cost, start, deadline, false, None).await
     }
 
     /// Waits until every window can pay `cost`, or until `deadline`.
@@ -445,7 +446,41 @@ impl<S: Store> Limiter<S> {
         cost: Cost,
         deadline: Option<Instant>,
     ) -> Result<Permit<S>, Error> {
-        self.instrumented(cost, Instant::now(), deadline, false)
+        self.instrumented(cost, Instant::now(), deadline, false, None)
+            .await
+    }
+
+    /// Like [`acquire`](Limiter::acquire), for a tenant at a key tenants share: while calls
+    /// of several tenants wait, the key's capacity goes to them in proportion to their
+    /// weights, by cost, and within a tenant in arrival order (see [`Share`]). A tenant alone
+    /// gets everything, exactly as [`acquire`](Limiter::acquire) would.
+    ///
+    /// A ticket's wait is bounded by the weights and the costs ahead of it: a call of cost
+    /// `c` (in microseconds of the key's refill) of a tenant of weight `w`, finding its
+    /// tenant with nothing waiting, waits at most for the tickets before it in line, the
+    /// calls of each other tenant `j` of total cost up to `w_j · c / w` plus one call (and the
+    /// one first in line), whoever arrives after it.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), tollgate::Error> {
+    /// use tollgate::store::Share;
+    /// use tollgate::{Cost, Limiter, Limits, MemoryStore};
+    ///
+    /// let org = Limiter::new("org", Limits::parse("60/10s", "20000/10s")?, MemoryStore::new())?;
+    /// let quiet = Share::new("quiet", 1);
+    /// let permit = org.acquire_as(&quiet, Cost::call(300)).await?;
+    /// assert_eq!(permit.cost(), Cost::call(300));
+    /// # Ok(()) }
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub async fn acquire_as(&self, share: &Share, cost: Cost) -> Result<Permit<S>, Error> {
+        let start = Instant::now();
+        let deadline = self
+            .inner
+            .policy
+            .timeout()
+            .and_then(|t| start.checked_add(t));
+        self.instrumented(cost, start, deadline, false, Some(share))
             .await
     }
 
@@ -456,6 +491,7 @@ impl<S: Store> Limiter<S> {
         start: Instant,
         deadline: Option<Instant>,
         fly: bool,
+        share: Option<&Share>,
     ) -> Result<Permit<S>, Error> {
         let span = tracing::debug_span!(
             "tollgate.acquire",
@@ -463,7 +499,9 @@ impl<S: Store> Limiter<S> {
             requests = cost.requests,
             tokens = cost.tokens
         );
-        self.wait(cost, start, deadline, fly).instrument(span).await
+        self.wait(cost, start, deadline, fly, share)
+            .instrument(span)
+            .await
     }
 
     /// What every window of the key holds now, by currency.

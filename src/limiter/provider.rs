@@ -256,6 +256,7 @@ impl<S: Store> Limiter<S> {
             cost,
             max_wait: Some(Duration::ZERO),
             fly: true,
+            share: None,
         };
         let outcome = self.call_bounded(op).await?;
         if let Some(permit) = self.passed(&outcome, cost, Duration::ZERO) {
@@ -272,10 +273,11 @@ impl<S: Store> Limiter<S> {
         &self,
         cost: Cost,
         timeout: Option<Duration>,
+        share: Option<&crate::store::Share>,
     ) -> Result<Permit<S>, Error> {
         let start = Instant::now();
         let deadline = timeout.and_then(|t| start.checked_add(t));
-        self.instrumented(cost, start, deadline, true).await
+        self.instrumented(cost, start, deadline, true, share).await
     }
 }
 

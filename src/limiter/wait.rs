@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use super::{Limiter, Permit, unexpected};
 use crate::cost::Cost;
 use crate::error::Error;
-use crate::store::{Op, Outcome, Store, Ticket};
+use crate::store::{Op, Outcome, Share, Store, Ticket};
 
 /// How far past its deadline a call may still wait for a store's answer that is on its way.
 const DEADLINE_GRACE: Duration = Duration::from_millis(2);
@@ -44,6 +44,8 @@ impl Drop for WaiterSlot<'_> {
 struct TicketGuard<'a, S: Store> {
     limiter: &'a Limiter<S>,
     ticket: Option<Ticket>,
+    /// Its lane in the limiter's [`Line`](super::line::Line).
+    lane: u64,
     /// What the call would pay, given back if its ticket was charged at its due time.
     cost: Cost,
     /// A question about the ticket is on its way: if the call goes away meanwhile, the answer's
@@ -57,7 +59,7 @@ impl<S: Store> Drop for TicketGuard<'_, S> {
             if !self.asking {
                 self.limiter.give_up_in_background(ticket, self.cost);
             }
-            self.limiter.inner.line.moved(ticket.id());
+            self.limiter.inner.line.moved((self.lane, ticket.id()));
         }
     }
 }
@@ -398,6 +400,7 @@ impl<S: Store> Limiter<S> {
         start: Instant,
         deadline: Option<Instant>,
         fly: bool,
+        share: Option<&Share>,
     ) -> Result<Permit<S>, Error> {
         let full = self.waiters() >= self.inner.policy.max_waiters();
         let max_wait = if full {
@@ -409,6 +412,7 @@ impl<S: Store> Limiter<S> {
             cost,
             max_wait,
             fly,
+            share: share.cloned(),
         };
         let outcome = self.answer(self.call(op, cost, deadline).await, start)?;
         // Admitted at the first answer: it did not wait.
@@ -429,7 +433,8 @@ impl<S: Store> Limiter<S> {
         let _slot = WaiterSlot::new(&self.inner.waiters);
         // How the call ahead tells this one it passed (see `Line`), and how a refund rings it.
         let nudge = Arc::new(Notify::new());
-        self.inner.line.join(ticket.id(), &nudge);
+        let lane = super::line::lane(share);
+        self.inner.line.join((lane, ticket.id()), &nudge);
         self.ensure_watchdog();
         let mut waiter = Waiter {
             limiter: self,
@@ -437,9 +442,11 @@ impl<S: Store> Limiter<S> {
             start,
             deadline,
             fly,
+            share: share.cloned(),
             guard: TicketGuard {
                 limiter: self,
                 ticket: Some(ticket),
+                lane,
                 cost,
                 asking: false,
             },
@@ -566,6 +573,8 @@ struct Waiter<'a, S: Store> {
     start: Instant,
     deadline: Option<Instant>,
     fly: bool,
+    /// Whose call it is, at a key tenants share.
+    share: Option<Share>,
     guard: TicketGuard<'a, S>,
     failures: Option<watch::Receiver<Option<Arc<Error>>>>,
     /// How the call ahead (or a ring) wakes it.
@@ -601,6 +610,11 @@ impl<S: Store> Waiter<'_, S> {
             .ok_or_else(|| Error::store("a waiting call lost its ticket", None))
     }
 
+    /// Its ticket's place in the limiter's line.
+    fn spot(&self) -> Result<super::line::Spot, Error> {
+        Ok((self.guard.lane, self.ticket()?.id()))
+    }
+
     /// Sleeps `sleep` in `stage` (cut short by the deadline, a failure or a nudge), and
     /// answers the stage after it.
     async fn sleep(
@@ -609,7 +623,7 @@ impl<S: Store> Waiter<'_, S> {
         sleep: Duration,
         precise: bool,
     ) -> Result<Stage, Error> {
-        let ticket = self.ticket()?;
+        let ticket = self.spot()?;
         let target = Instant::now().checked_add(sleep);
         let wake = match (target, self.deadline) {
             (Some(t), Some(d)) => t.min(d),
@@ -618,23 +632,24 @@ impl<S: Store> Waiter<'_, S> {
             (None, None) => Instant::now() + Duration::from_secs(86_400 * 365),
         };
         let line = &self.limiter.inner.line;
-        line.wakes_at(ticket.id(), wake);
+        line.wakes_at(ticket, wake);
         let woke = doze(wake, self.failures.as_mut(), Some(&*self.nudge), precise).await?;
         if matches!(woke, Woke::Timer) && target.is_none_or(|t| t > wake) {
             // Woken by the deadline before the turn came: it will not come in time.
             let needed = target.map(|t| t.saturating_duration_since(wake));
             return Err(self.limiter.timeout(self.start, needed));
         }
-        Ok(stage.woke(woke, || line.stand_if_behind(ticket.id(), &self.nudge)))
+        Ok(stage.woke(woke, || line.stand_if_behind(ticket, &self.nudge)))
     }
 
     /// Asks to pass: the permit, or the stage after the answer.
     async fn ask(&mut self, rung: bool) -> Result<Result<Permit<S>, Stage>, Error> {
         let limiter = self.limiter;
         let ticket = self.ticket()?;
+        let spot = self.spot()?;
         // Standing before asking: a call ahead that passes while the answer is on its way
         // leaves its nudge, and a waiter told it is behind acts on it at once.
-        limiter.inner.line.stand(ticket.id(), &self.nudge);
+        limiter.inner.line.stand(spot, &self.nudge);
         let op = Op::Admit {
             ticket,
             fly: self.fly,
@@ -644,19 +659,19 @@ impl<S: Store> Waiter<'_, S> {
         // A deadline that passed before the answer leaves the ticket to the answer's delivery.
         if called.is_err() {
             self.guard.ticket = None;
-            limiter.inner.line.moved(ticket.id());
+            limiter.inner.line.moved(spot);
         }
         self.guard.asking = false;
         let outcome = limiter.answer(called, self.start)?;
         if let Some(permit) = limiter.passed(&outcome, self.cost, self.start.elapsed()) {
             self.guard.ticket = None;
-            limiter.inner.line.moved(ticket.id());
+            limiter.inner.line.moved(spot);
             return Ok(Ok(permit));
         }
         let waited = match outcome {
             Outcome::Behind(hint) => Waited::Behind(hint),
             Outcome::NotYet(hint) => {
-                limiter.inner.line.sit(ticket.id());
+                limiter.inner.line.sit(spot);
                 Waited::NotYet(hint)
             }
             Outcome::Lost => return Ok(Err(Stage::Rejoining)),
@@ -666,7 +681,7 @@ impl<S: Store> Waiter<'_, S> {
         if limiter.certainly_late(hint, self.deadline) {
             return Err(limiter.timeout(self.start, Some(hint)));
         }
-        let ours_ahead = limiter.inner.line.has_ahead(ticket.id());
+        let ours_ahead = limiter.inner.line.has_ahead(spot);
         let backoff = limiter.inner.policy.backoff();
         Ok(Err(Stage::answered(
             rung,
@@ -682,12 +697,13 @@ impl<S: Store> Waiter<'_, S> {
     async fn rejoin(&mut self) -> Result<Result<Permit<S>, Stage>, Error> {
         let limiter = self.limiter;
         if let Some(lapsed) = self.guard.ticket.take() {
-            limiter.inner.line.moved(lapsed.id());
+            limiter.inner.line.moved((self.guard.lane, lapsed.id()));
         }
         let op = Op::Acquire {
             cost: self.cost,
             max_wait: limiter.max_wait(self.deadline),
             fly: self.fly,
+            share: self.share.clone(),
         };
         let called = limiter.call(op, self.cost, self.deadline).await;
         let outcome = limiter.answer(called, self.start)?;
@@ -696,7 +712,10 @@ impl<S: Store> Waiter<'_, S> {
         }
         match outcome {
             Outcome::Queued { ticket, due_in } => {
-                limiter.inner.line.join(ticket.id(), &self.nudge);
+                limiter
+                    .inner
+                    .line
+                    .join((self.guard.lane, ticket.id()), &self.nudge);
                 self.guard.ticket = Some(ticket);
                 let backoff = limiter.inner.policy.backoff();
                 let sleep = backoff.sleep_for(due_in, self.attempt);

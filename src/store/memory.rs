@@ -39,7 +39,7 @@ static NEXT_TICKET: AtomicU64 = AtomicU64::new(1);
 /// let clock = ManualClock::new();
 /// let store = MemoryStore::with_clock(clock.clone());
 /// let key = store.bind("k", &Limits::parse("2/s burst 3", "")?)?;
-/// let try_one = Op::Acquire { cost: Cost::call(0), max_wait: Some(Duration::ZERO), fly: false };
+/// let try_one = Op::Acquire { cost: Cost::call(0), max_wait: Some(Duration::ZERO), fly: false, share: None };
 /// for _ in 0..3 {
 ///     assert_eq!(store.apply_now(&key, try_one.clone()).unwrap()?, Outcome::Admitted);
 /// }

@@ -34,7 +34,7 @@ pub(crate) mod memory;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 
-pub use crate::bucket::op::{Op, Outcome, Ticket};
+pub use crate::bucket::op::{Op, Outcome, Share, Ticket};
 pub use memory::{MemoryKey, MemoryStore};
 
 /// A place where the windows of keys live.

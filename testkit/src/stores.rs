@@ -26,6 +26,7 @@ pub const fn try_op(cost: Cost) -> Op {
         cost,
         max_wait: Some(Duration::ZERO),
         fly: false,
+        share: None,
     }
 }
 

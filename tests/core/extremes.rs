@@ -88,6 +88,7 @@ proptest! {
                     cost: Cost::new(1 + a % requests.burst(), b % tokens.burst().saturating_add(1)),
                     max_wait: None,
                     fly: false,
+                    share: None,
                 },
                 Step::Settle(delta) => Op::Adjust { delta: tollgate::PerCurrency::from([delta, delta, 0, delta]) },
                 Step::Penalize(pause) => Op::Penalize { pause, spent: tollgate::Currencies::ALL, refusal: None },

@@ -14,6 +14,10 @@
 //! - Amounts: the script caps an amount at 66 bursts where the cap already decides, and
 //!   refuses arguments outside its exact range: the test stays inside it.
 //!
+//! Acquires come from the key's own calls and from three tenants of weights 1 to 3, so that
+//! tickets wait in fair order (a tenant's ticket placed ahead of others'), with ties broken by
+//! the order of issue in both (the script's queue entries are zero-padded ids).
+//!
 //! A ticket not to fly, issued behind promised tickets only, is promised: charged at its due
 //! time by whichever operation runs first after it, in both. Its holder says when it was due
 //! on half the admissions, and then the Redis store reads its record (`TIME` and one hash
@@ -36,7 +40,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 
 use tollgate::store::redis::{RedisConfig, RedisStore};
-use tollgate::store::{Op, Outcome, Refusal, SyncArgs, Ticket};
+use tollgate::store::{Op, Outcome, Refusal, Share, SyncArgs, Ticket};
 use tollgate::testing::{RuleBook, ScriptPath, redis_apply_at, redis_apply_traced};
 use tollgate::{Cost, Currencies, Currency, Error, Limits, PerCurrency, Store};
 use tollgate_testkit::Lcg;
@@ -155,6 +159,11 @@ fn operation(rng: &mut Lcg, limits: &Limits, calls: &[Held]) -> (Op, Option<usiz
                 cost: cost(rng, limits),
                 max_wait,
                 fly: rng.below(2) == 0,
+                // The key's own calls and three tenants of weights 1 to 3: the fair order.
+                share: match rng.below(4) {
+                    0 => None,
+                    n => Some(Share::new(["a", "b", "c"][n as usize - 1], n as u32)),
+                },
             };
             (op, None)
         }
@@ -583,6 +592,7 @@ fn a_key_on_an_explicit_clock_outlives_the_servers() {
                 cost: Cost::new(1, 3),
                 max_wait: None,
                 fly,
+                share: None,
             };
             redis_apply_at(&store, &key, op.clone(), Some(now_ms))
                 .await

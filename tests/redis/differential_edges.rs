@@ -64,6 +64,7 @@ fn operation(rng: &mut Lcg, limits: &Limits) -> Op {
             cost: cost(rng, limits),
             max_wait: Some(Duration::ZERO),
             fly: false,
+            share: None,
         },
         6..=8 => {
             // Charges up to four bursts at once, now and then up to seventy, and now and then

@@ -138,6 +138,7 @@ fn random_and_extreme_operations_always_answer_quickly() {
                     max_wait: [None, Some(Duration::ZERO), Some(Duration::MAX)]
                         [(rng.next_u64() % 3) as usize],
                     fly: false,
+                    share: None,
                 },
                 3 => Op::Lower {
                     currency: tollgate::Currency::Tokens,

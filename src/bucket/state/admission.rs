@@ -84,6 +84,7 @@ impl KeyState {
         cost: Cost,
         max_wait: Option<Duration>,
         fly: bool,
+        share: Option<&Share>,
         lease: Duration,
         id: impl FnOnce() -> u64,
     ) -> Result<Outcome, BucketError> {
@@ -107,6 +108,15 @@ impl KeyState {
         }
         let paused_until = self.paused_until;
         let queued = self.queue.as_ref().map_or(0, |q| q.tickets.len());
+        let (tenant, weight) = share.map_or(("", 1), |s| (s.tenant(), s.weight()));
+        let step = fair_step(limits, cost, weight);
+        let (tag, at) = self
+            .queue
+            .get_or_insert_with(|| Box::new(Queue::new()))
+            .fair_place(tenant, step);
+        if at < queued {
+            return self.acquire_ahead(limits, now, cost, max_wait, (tenant, tag, at), lease, id);
+        }
         let shadow = self.shadow(limits, now);
         let start = shadow.at.max(now).max(paused_until);
         let mut at_start = shadow.clone();
@@ -129,14 +139,67 @@ impl KeyState {
         let id = id();
         let queue = self.queue.as_mut().expect("the shadow made the queue");
         let promise = !fly && queue.all_promised();
-        queue.tickets.push_back(Place {
+        let place = Place {
             id,
             cost,
             lease_until: due.plus(lease),
             due,
             promise,
-        });
-        queue.pending = add(queue.pending, cost);
+            tag,
+        };
+        queue.insert(queued, tenant, place);
+        Ok(Outcome::Queued {
+            ticket: Ticket::new(id).due_at(due.0),
+            due_in: Duration::from_nanos(saturate(due_in)),
+        })
+    }
+
+    /// A call whose fair place is ahead of tickets already waiting (`at`, with its tenant and
+    /// tag): due when the key can pay for it after the tickets ahead of that place, on a plan
+    /// that keeps no promise (its place breaks them all: the tickets behind it are due later
+    /// than they were told). Queued there unless it would be due more than `max_wait` from now.
+    #[allow(clippy::too_many_arguments)]
+    fn acquire_ahead(
+        &mut self,
+        limits: &Limits,
+        now: Nanos,
+        cost: Cost,
+        max_wait: Option<Duration>,
+        (tenant, tag, at): (&str, u64, usize),
+        lease: Duration,
+        id: impl FnOnce() -> u64,
+    ) -> Result<Outcome, BucketError> {
+        let queue = self
+            .queue
+            .as_mut()
+            .expect("tickets wait ahead of this place");
+        let mut plan = self.real.clone();
+        plan.advance(limits, now.max(self.paused_until));
+        for ticket in queue.tickets.range(..at) {
+            let due = plan.wait(limits, Cost::default(), ticket.cost);
+            plan.advance(limits, Nanos(saturate(u128::from(plan.at.0) + due)));
+            plan.charge(limits, ticket.cost);
+        }
+        let due_in = u128::from(plan.at.0 - now.0) + plan.wait(limits, Cost::default(), cost);
+        if max_wait.is_some_and(|w| due_in > w.as_nanos()) {
+            return Ok(Outcome::NotYet(Duration::from_nanos(saturate(due_in))));
+        }
+        if queue.tickets.len() >= MAX_QUEUE {
+            return Err(BucketError::QueueFull);
+        }
+        let due = Nanos(saturate(u128::from(now.0) + due_in));
+        let id = id();
+        queue.break_promises();
+        queue.shadow = None;
+        let place = Place {
+            id,
+            cost,
+            lease_until: due.plus(lease),
+            due,
+            promise: false,
+            tag,
+        };
+        queue.insert(at, tenant, place);
         Ok(Outcome::Queued {
             ticket: Ticket::new(id).due_at(due.0),
             due_in: Duration::from_nanos(saturate(due_in)),
@@ -330,12 +393,21 @@ mod tests {
         let big = Cost::new(0, 10);
         let small = Cost::new(0, 1);
         assert_eq!(
-            state.acquire(&l, Nanos(0), Cost::new(0, 9), None, false, LEASE, &mut id),
+            state.acquire(
+                &l,
+                Nanos(0),
+                Cost::new(0, 9),
+                None,
+                false,
+                None,
+                LEASE,
+                &mut id
+            ),
             Ok(Outcome::Admitted)
         );
         // 1 token left: the big call is due when 10 exist, at 0.9 s.
         assert_eq!(
-            state.acquire(&l, Nanos(0), big, None, false, LEASE, &mut id),
+            state.acquire(&l, Nanos(0), big, None, false, None, LEASE, &mut id),
             Ok(Outcome::Queued {
                 ticket: Ticket::new(1),
                 due_in: Duration::from_nanos(900 * MS),
@@ -343,7 +415,7 @@ mod tests {
         );
         // The token that exists now is promised: the small call queues behind, due at 1.0 s.
         assert_eq!(
-            state.acquire(&l, Nanos(0), small, None, false, LEASE, &mut id),
+            state.acquire(&l, Nanos(0), small, None, false, None, LEASE, &mut id),
             Ok(Outcome::Queued {
                 ticket: Ticket::new(2),
                 due_in: Duration::from_nanos(1_000 * MS),
@@ -380,11 +452,11 @@ mod tests {
         let mut id = ids();
         let call = Cost::call(0);
         assert_eq!(
-            state.acquire(&l, Nanos(0), call, None, false, LEASE, &mut id),
+            state.acquire(&l, Nanos(0), call, None, false, None, LEASE, &mut id),
             Ok(Outcome::Admitted)
         );
         let Ok(Outcome::Queued { ticket, .. }) =
-            state.acquire(&l, Nanos(0), call, None, false, LEASE, &mut id)
+            state.acquire(&l, Nanos(0), call, None, false, None, LEASE, &mut id)
         else {
             panic!("expected a ticket")
         };
@@ -396,7 +468,16 @@ mod tests {
         );
         // With the queue empty, the next call is due at once when the token exists.
         assert_eq!(
-            state.acquire(&l, Nanos(1_000 * MS), call, None, false, LEASE, &mut id),
+            state.acquire(
+                &l,
+                Nanos(1_000 * MS),
+                call,
+                None,
+                false,
+                None,
+                LEASE,
+                &mut id
+            ),
             Ok(Outcome::Admitted)
         );
     }
@@ -407,15 +488,42 @@ mod tests {
         let mut state = KeyState::new(&l, Nanos(0));
         let mut id = ids();
         state
-            .acquire(&l, Nanos(0), Cost::new(0, 10), None, false, LEASE, &mut id)
+            .acquire(
+                &l,
+                Nanos(0),
+                Cost::new(0, 10),
+                None,
+                false,
+                None,
+                LEASE,
+                &mut id,
+            )
             .unwrap();
         // Two tickets: the first (due 1 s, to fly, so never promised) is never claimed; the
         // second (behind it, so not promised either) is due at 1.5 s.
         state
-            .acquire(&l, Nanos(0), Cost::new(0, 10), None, true, LEASE, &mut id)
+            .acquire(
+                &l,
+                Nanos(0),
+                Cost::new(0, 10),
+                None,
+                true,
+                None,
+                LEASE,
+                &mut id,
+            )
             .unwrap();
         assert_eq!(
-            state.acquire(&l, Nanos(0), Cost::new(0, 5), None, false, LEASE, &mut id),
+            state.acquire(
+                &l,
+                Nanos(0),
+                Cost::new(0, 5),
+                None,
+                false,
+                None,
+                LEASE,
+                &mut id
+            ),
             Ok(Outcome::Queued {
                 ticket: Ticket::new(2),
                 due_in: Duration::from_nanos(1_500 * MS),
@@ -441,12 +549,12 @@ mod tests {
         let mut id = ids();
         let call = Cost::call(0);
         state
-            .acquire(&l, Nanos(0), call, None, false, LEASE, &mut id)
+            .acquire(&l, Nanos(0), call, None, false, None, LEASE, &mut id)
             .unwrap();
         // Tickets to fly, never promised: they ask to pass.
         for (ticket, due) in [(1, 100), (2, 200)] {
             assert_eq!(
-                state.acquire(&l, Nanos(0), call, None, true, LEASE, &mut id),
+                state.acquire(&l, Nanos(0), call, None, true, None, LEASE, &mut id),
                 Ok(Outcome::Queued {
                     ticket: Ticket::new(ticket),
                     due_in: Duration::from_nanos(due * MS),
@@ -485,7 +593,7 @@ mod tests {
         let mut id = ids();
         let call = Cost::call(0);
         state
-            .acquire(&l, Nanos(0), call, None, false, LEASE, &mut id)
+            .acquire(&l, Nanos(0), call, None, false, None, LEASE, &mut id)
             .unwrap();
         assert_eq!(
             state.acquire(
@@ -494,6 +602,7 @@ mod tests {
                 call,
                 Some(Duration::from_secs(10)),
                 false,
+                None,
                 LEASE,
                 &mut id
             ),
@@ -514,6 +623,7 @@ mod tests {
                 Cost::call(0),
                 Some(Duration::ZERO),
                 false,
+                None,
                 LEASE,
                 || 1
             ),
@@ -543,6 +653,7 @@ mod tests {
             Cost::new(0, u64::MAX),
             None,
             false,
+            None,
             LEASE,
             || 1,
         );
@@ -562,6 +673,7 @@ mod tests {
                 Cost::call(0),
                 Some(Duration::ZERO),
                 false,
+                None,
                 LEASE,
                 &mut id
             ),
@@ -575,6 +687,7 @@ mod tests {
                 Cost::call(0),
                 Some(Duration::ZERO),
                 false,
+                None,
                 LEASE,
                 &mut id
             ),
@@ -598,6 +711,7 @@ mod tests {
                 Cost::call(0),
                 Some(Duration::ZERO),
                 false,
+                None,
                 LEASE,
                 &mut id
             ),
@@ -611,6 +725,7 @@ mod tests {
                 Cost::call(0),
                 Some(Duration::ZERO),
                 false,
+                None,
                 LEASE,
                 &mut id
             ),
@@ -628,6 +743,7 @@ mod tests {
                 Cost::new(0, 1),
                 Some(Duration::ZERO),
                 false,
+                None,
                 LEASE,
                 &mut id
             ),
@@ -664,7 +780,8 @@ mod tests {
                 Op::Acquire {
                     cost: Cost::call(0),
                     max_wait: None,
-                    fly: false
+                    fly: false,
+                    share: None,
                 }
             ),
             Outcome::Admitted
@@ -677,6 +794,7 @@ mod tests {
                 cost: Cost::call(0),
                 max_wait: None,
                 fly: false,
+                share: None,
             },
         ) {
             Outcome::Queued { ticket, due_in } => {
@@ -829,6 +947,7 @@ mod tests {
                 cost: call,
                 max_wait: None,
                 fly: false,
+                share: None,
             },
         );
         run(
@@ -839,6 +958,7 @@ mod tests {
                 cost: call,
                 max_wait: None,
                 fly: true,
+                share: None,
             },
         );
         let Outcome::Queued { ticket, .. } = run(
@@ -849,6 +969,7 @@ mod tests {
                 cost: call,
                 max_wait: None,
                 fly: false,
+                share: None,
             },
         ) else {
             panic!("expected a ticket");

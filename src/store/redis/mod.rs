@@ -136,6 +136,8 @@ pub struct RedisKey {
     name: String,
     hash: String,
     queue: String,
+    /// The tenants' last tags while calls wait (the fair order's memory).
+    tenants: String,
     limits: Limits,
     signature: String,
     windows: Arc<[Scaled]>,
@@ -264,14 +266,16 @@ impl RedisStore {
 
     /// Runs the script for `op` on `key`, at `now_ms` (tests) or the server's `TIME`.
     async fn run(&self, key: &RedisKey, op: &Op, now_ms: Option<u64>) -> Result<Reply, Error> {
-        let (name, args) = script::op_args(op);
+        let (name, args) = script::op_args(op, &key.limits);
+        let tenant = script::tenant_arg(op);
         // EVALSHA first; the same call with the script's text (EVAL, which also caches it on
         // that node) when the node does not know it: a restarted server, a `SCRIPT FLUSH`, or
         // a replica promoted by a failover (script caches are not replicated).
         let command = |head: &mut redis::Cmd| {
-            head.arg(2)
+            head.arg(3)
                 .arg(&key.hash)
                 .arg(&key.queue)
+                .arg(&key.tenants)
                 .arg(name)
                 .arg(&key.signature)
                 .arg(now_ms.map(|t| t.to_string()).unwrap_or_default())
@@ -280,6 +284,9 @@ impl RedisStore {
             script::window_args(head, &key.windows);
             for arg in &args {
                 head.arg(*arg);
+            }
+            if let Some(tenant) = tenant {
+                head.arg(tenant);
             }
         };
         let mut by_hash = redis::cmd("EVALSHA");
@@ -334,7 +341,7 @@ impl RedisStore {
         due: u64,
         now_ms: Option<u64>,
     ) -> Result<Option<(Outcome, u64, bool)>, Error> {
-        let record = format!("q{}", ticket.id());
+        let record = script::ticket_record(ticket.id());
         let mut pipe = redis::pipe();
         if now_ms.is_none() {
             pipe.cmd("TIME");
@@ -503,10 +510,12 @@ impl Store for RedisStore {
             reason,
         })?;
         let (hash, queue) = self.names(key);
+        let tenants = format!("{hash}:g");
         Ok(RedisKey {
             name: key.to_owned(),
             hash,
             queue,
+            tenants,
             limits: limits.clone(),
             signature: limits.to_string(),
             windows: windows.into(),

@@ -8,7 +8,9 @@
 -- loaded (src/store/redis/script.rs), never copied by hand.
 --
 -- KEYS[1]  the key's hash: levels, times, the shadow schedule, the tickets' and flights' data
--- KEYS[2]  the key's queue: a sorted set of ticket ids (score = id), in arrival order
+-- KEYS[2]  the key's queue: a sorted set of ticket ids (16 digits, zero-padded, so that
+--          equal scores keep the order of issue), scored by their tags: in fair order
+-- KEYS[3]  the tenants' last tags while anyone waits (a hash: tenant -> tag)
 -- ARGV[1]  operation: acquire, admit, cancel, adjust, penalize, lower, sync, settle,
 --          snapshot or ping
 -- ARGV[2]  the limits' canonical text: a key holding other limits is refused
@@ -20,7 +22,8 @@
 --          4 spend),
 --          scale S (units per token), refill n (units per millisecond), capacity C = burst * S
 -- then the operation's own arguments:
---   acquire   requests, tokens, output tokens, spend, max wait in ms (-1: none), fly (0 or 1)
+--   acquire   requests, tokens, output tokens, spend, max wait in ms (-1: none), fly (0 or 1),
+--             the fair step (the rule book's queue::fair_step, 1 to 2^53 - 1), the tenant
 --   admit     ticket id, fly (0 or 1), its due time in ms as issued (-1: not known)
 --   cancel    ticket id, its due time in ms as issued (-1: not known)
 --   adjust    requests, tokens, output tokens, spend to add (negative: to take)
@@ -69,6 +72,7 @@
 
 local hash = KEYS[1]
 local queue = KEYS[2]
+local tenants = KEYS[3]
 local MAX = 9007199254740991 -- 2^53 - 1
 local MAX_CAP = {{MAX_CAPACITY}}
 local DEBT = {{DEBT_BURSTS}}
@@ -247,6 +251,7 @@ local function fast_admit()
   if ARGV[a + 2] ~= '0' or not string.find(idtext, '^[1-9]%d*$') then return nil end
   v = tonumber(idtext)
   if not (v and v <= MAX) then return nil end
+  idtext = string.format('%016.0f', v)
   -- When the holder was told it is due: checked as the full path checks it, unused (a ticket
   -- this path answers is in the queue, and not promised: its record has six fields).
   v = tonumber(ARGV[a + 3])
@@ -390,6 +395,7 @@ local function fast_admit()
   if REAL_CLOCK then
     redis.call('PEXPIRE', KEYS[1], expire_ms + 1)
     redis.call('PEXPIRE', KEYS[2], expire_ms + 1)
+    redis.call('PEXPIRE', KEYS[3], expire_ms + 1)
   end
   return reply
 end
@@ -431,6 +437,12 @@ end
 
 local function fmt(v)
   return string.format('%.0f', v)
+end
+
+-- A ticket's id as its queue entry and record name say it: 16 digits, zero-padded (every id is
+-- below 2^53 < 10^16), so that the sorted set orders equal tags by id.
+local function ticket_text(id)
+  return string.format('%016.0f', id)
 end
 
 
@@ -686,10 +698,11 @@ end
 local function break_promises()
   -- Nobody waits (every ticket counts in what is pending): nothing to read.
   if pq[1] + pq[2] + pq[3] + pq[4] == 0 then return end
-  local last_id = redis.call('ZREVRANGE', queue, 0, 0)[1]
-  if last_id and tonumber(last_id) > floor_id then
-    floor_id = tonumber(last_id)
-    redis.call('HSET', hash, 'pf', last_id)
+  -- The last ticket issued (the queue is in fair order, not in the order of ids).
+  local last_id = tonumber(redis.call('HGET', hash, 'n') or 0) - 1
+  if last_id > floor_id then
+    floor_id = last_id
+    redis.call('HSET', hash, 'pf', fmt(last_id))
   end
 end
 
@@ -1038,6 +1051,7 @@ local function store()
   if shadow_dirty or queued == 0 then
     redis.call('HDEL', hash, 'st')
   end
+  if queued == 0 then redis.call('DEL', tenants) end
   local ql = tonumber(redis.call('HGET', hash, 'ql') or 0)
   if queued > 0 and ql - now > expire_ms then
     expire_ms = ql - now
@@ -1051,6 +1065,7 @@ local function store()
   if REAL_CLOCK then
     redis.call('PEXPIRE', hash, expire_ms + 1)
     redis.call('PEXPIRE', queue, expire_ms + 1)
+    if queued > 0 then redis.call('PEXPIRE', tenants, expire_ms + 1) end
   end
 end
 
@@ -1086,7 +1101,9 @@ if op == 'acquire' then
   local cost = cost_args(args + 1, 0)
   local max_wait = int(ARGV[args + NC + 1], -1, MAX)
   local flying = int(ARGV[args + NC + 2], 0, 1)
-  if cost == nil or max_wait == nil or flying == nil then
+  local step = int(ARGV[args + NC + 3], 1, MAX)
+  local tenant = ARGV[args + NC + 4]
+  if cost == nil or max_wait == nil or flying == nil or step == nil or tenant == nil then
     return fail('bad cost or max wait')
   end
   for i = 1, k do
@@ -1105,6 +1122,62 @@ if op == 'acquire' then
     end
     return went(cost, flying == 1)
   end
+  -- Its fair place (Queue::fair_place): behind every ticket of a tag up to its own.
+  local queued = redis.call('ZCARD', queue)
+  if queued == 0 then redis.call('DEL', tenants) end
+  local head_tag = 0
+  if queued > 0 then head_tag = tonumber(redis.call('ZRANGE', queue, 0, 0, 'WITHSCORES')[2]) end
+  local tag = tonumber(redis.call('HGET', tenants, tenant) or 0)
+  if head_tag > tag then tag = head_tag end
+  tag = tag + step
+  if tag > MAX then tag = MAX end
+  local place = redis.call('ZCOUNT', queue, '-inf', tag)
+  local id
+  local function issue()
+    id = field('n', 0, MAX, now * 1000)
+    if id < now * 1000 then id = now * 1000 end
+    redis.call('HSET', hash, 'n', fmt(id + 1))
+    return ticket_text(id)
+  end
+  if place < queued then
+    -- Ahead of tickets waiting (KeyState::acquire_ahead): due after the tickets ahead of its
+    -- place, on a plan that keeps no promise (its place breaks them all).
+    local at = now
+    if paused_until > at then at = paused_until end
+    local lv = {}
+    for i = 1, k do lv[i] = refill(i, levels[i], at - now) end
+    local ids = {}
+    if place > 0 then ids = redis.call('ZRANGE', queue, 0, place - 1) end
+    local ahead = parse_tickets(ids)
+    for j = 1, #ids do
+      local t = ahead[j]
+      if t ~= nil then
+        local due = at + wait_all(lv, zeros(), t.cost)
+        for i = 1, k do lv[i] = refill(i, lv[i], due - at) end
+        at = due
+        charge(lv, t.cost)
+      end
+    end
+    local due = at + wait_all(lv, zeros(), cost)
+    if max_wait >= 0 and due - now > max_wait then
+      store()
+      return {'wait', due - now, now}
+    end
+    if queued >= MAX_QUEUE then
+      store()
+      return {'full', now}
+    end
+    local idtext = issue()
+    break_promises()
+    redis.call('ZADD', queue, tag, idtext)
+    redis.call('HSET', hash, 'q' .. idtext, encode_ticket(due, due + lease, cost, false))
+    redis.call('HSET', tenants, tenant, fmt(tag))
+    note_lease(due + lease)
+    for c = 1, NC do pq[c] = pq[c] + cost[c] end
+    drop_shadow()
+    store()
+    return {'queued', idtext, due - now, now}
+  end
   local at, lv = shadow()
   -- The schedule as it stands, kept as of its own time (as the rule book keeps it): moved on to
   -- now, a correction added to it later (apply) would meet a level refilled up to the capacity
@@ -1116,7 +1189,6 @@ if op == 'acquire' then
   if paused_until > start then start = paused_until end
   for i = 1, k do lv[i] = refill(i, lv[i], start - at) end
   local due = start + wait_all(lv, zeros(), cost)
-  local queued = redis.call('ZCARD', queue)
   if max_wait >= 0 and due - now > max_wait then
     store()
     if queued > 0 then
@@ -1130,10 +1202,7 @@ if op == 'acquire' then
   end
   for i = 1, k do lv[i] = refill(i, lv[i], due - start) end
   charge(lv, cost)
-  local id = field('n', 0, MAX, now * 1000)
-  if id < now * 1000 then id = now * 1000 end
-  redis.call('HSET', hash, 'n', fmt(id + 1))
-  local idtext = fmt(id)
+  local idtext = issue()
   -- Promised only behind promised tickets (Queue::all_promised).
   local promise = flying == 0
   if promise then
@@ -1141,8 +1210,9 @@ if op == 'acquire' then
     local behind = last_id and parse_ticket(last_id)
     if behind and not promised(behind) then promise = false end
   end
-  redis.call('ZADD', queue, id, idtext)
+  redis.call('ZADD', queue, tag, idtext)
   redis.call('HSET', hash, 'q' .. idtext, encode_ticket(due, due + lease, cost, promise))
+  redis.call('HSET', tenants, tenant, fmt(tag))
   note_lease(due + lease)
   for c = 1, NC do pq[c] = pq[c] + cost[c] end
   store()
@@ -1154,7 +1224,7 @@ elseif op == 'admit' then
   -- When the holder was told it is due (-1: not said).
   local due = int(ARGV[args + 3], -1, MAX)
   if id == nil or flying == nil or due == nil then return fail('bad ticket') end
-  local t = parse_ticket(fmt(id))
+  local t = parse_ticket(ticket_text(id))
   if t == nil then
     store()
     -- Gone between its due time and its lease's end: it was promised, and charged then.
@@ -1180,9 +1250,12 @@ elseif op == 'admit' then
   -- more ahead, this ticket can't pass yet, and their cost is a lower bound.
   local ahead = zeros()
   local behind = false
-  local nearest = redis.call('ZREVRANGEBYSCORE', queue, '(' .. t.id, '-inf', 'LIMIT', 0, SCAN_AHEAD + 1)
-  local unseen = #nearest > SCAN_AHEAD
-  if unseen then nearest[SCAN_AHEAD + 1] = nil end
+  local rank = redis.call('ZRANK', queue, t.id) or 0
+  local from = rank - SCAN_AHEAD
+  if from < 0 then from = 0 end
+  local nearest = {}
+  if rank > 0 then nearest = redis.call('ZRANGE', queue, from, rank - 1) end
+  local unseen = rank > SCAN_AHEAD
   local seen = parse_tickets(nearest)
   for n, other in ipairs(nearest) do
     local o = seen[n]
@@ -1210,7 +1283,7 @@ elseif op == 'admit' then
     -- Calls this ticket did not look at are ahead. Guess their cost from those it saw, and ask
     -- again when half of the guess has passed: a waiter deep in the line asks a few times on
     -- its way to the front, not once per call ahead of it.
-    local count = redis.call('ZCOUNT', queue, '-inf', '(' .. t.id)
+    local count = redis.call('ZRANK', queue, t.id) or 0
     local guess = {}
     for c = 1, NC do guess[c] = math.floor(ahead[c] * count / (2 * SCAN_AHEAD)) end
     local again = wait_all(levels, guess, t.cost)
@@ -1235,7 +1308,7 @@ elseif op == 'cancel' then
   local id = int(ARGV[args + 1], 0, MAX)
   local due = int(ARGV[args + 2], -1, MAX)
   if id == nil or due == nil then return fail('bad ticket') end
-  local t = parse_ticket(fmt(id))
+  local t = parse_ticket(ticket_text(id))
   if t ~= nil then
     forget_ticket(t)
     -- The tickets behind it may pass sooner than they were promised: planned again (a

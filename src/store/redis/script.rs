@@ -103,8 +103,15 @@ fn due_arg(ticket: Ticket) -> i64 {
     })
 }
 
-/// The script's name for `op`, and its own arguments.
-pub(super) fn op_args(op: &Op) -> (&'static str, Vec<i64>) {
+/// The name of ticket `id`'s record in the key's hash, as the script writes it (16 digits,
+/// zero-padded).
+pub(super) fn ticket_record(id: u64) -> String {
+    format!("q{id:016}")
+}
+
+/// The script's name for `op`, and its own arguments (an acquire's last, its tenant, is text:
+/// see [`tenant_arg`]).
+pub(super) fn op_args(op: &Op, limits: &crate::rate::Limits) -> (&'static str, Vec<i64>) {
     let ms_floor = |d: std::time::Duration| i64::try_from(d.as_millis()).unwrap_or(MAX_EXACT);
     let amount = |n: u64| i64::try_from(n).unwrap_or(MAX_EXACT).min(MAX_EXACT);
     let maybe = |n: Option<u64>| n.map_or(-1, amount);
@@ -114,6 +121,7 @@ pub(super) fn op_args(op: &Op) -> (&'static str, Vec<i64>) {
             cost,
             max_wait,
             fly,
+            ref share,
         } => ("acquire", {
             let mut args: Vec<i64> = cost
                 .per_currency()
@@ -123,6 +131,9 @@ pub(super) fn op_args(op: &Op) -> (&'static str, Vec<i64>) {
                 .collect();
             args.push(max_wait.map_or(-1, |d| ms_floor(d).min(MAX_EXACT)));
             args.push(flag(fly));
+            let weight = share.as_ref().map_or(1, |s| s.weight());
+            let step = crate::bucket::queue::fair_step(limits, cost, weight);
+            args.push(i64::try_from(step).unwrap_or(MAX_EXACT).min(MAX_EXACT));
             args
         }),
         Op::Admit { ticket, fly } => (
@@ -191,6 +202,14 @@ pub(super) fn op_args(op: &Op) -> (&'static str, Vec<i64>) {
         }
         Op::Snapshot => ("snapshot", Vec::new()),
         Op::Ping => ("ping", Vec::new()),
+    }
+}
+
+/// An acquire's tenant, the script's last argument for it (`""`: the key's own calls).
+pub(super) fn tenant_arg(op: &Op) -> Option<&str> {
+    match op {
+        Op::Acquire { share, .. } => Some(share.as_ref().map_or("", |s| s.tenant())),
+        _ => None,
     }
 }
 
