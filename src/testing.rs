@@ -25,7 +25,7 @@ use crate::bucket::{KeyState, Nanos};
 use crate::error::Error;
 use crate::rate::Limits;
 use crate::store::redis::{RedisKey, RedisStore};
-use crate::store::{Op, Outcome, Store};
+use crate::store::{Op, Outcome, Store, Ticket};
 
 /// Runs `op` on `key` at `now_ms` milliseconds (`None`: the server's `TIME`), answering the
 /// outcome and the time in milliseconds the script used.
@@ -174,6 +174,12 @@ impl RuleBook {
     /// (the Redis script's fast path).
     pub fn is_quiet(&self, now: Duration) -> bool {
         self.state.is_quiet(Nanos::from_duration(now))
+    }
+
+    /// How many tickets wait behind `ticket` in the key's queue (`None`: it does not wait): a
+    /// ticket just issued with some behind it was placed ahead of them by the fair order.
+    pub fn behind(&self, ticket: Ticket) -> Option<usize> {
+        self.state.behind(ticket.id())
     }
 
     /// Runs `op` at `now` (time only moves forward: an earlier `now` counts as no time

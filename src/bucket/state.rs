@@ -11,6 +11,8 @@
 use std::time::Duration;
 
 mod admission;
+#[cfg(test)]
+mod fair;
 mod ledger;
 
 use super::flights::Flights;
@@ -173,6 +175,13 @@ impl KeyState {
                 )
             })
             .collect()
+    }
+
+    /// How many tickets wait behind ticket `id` (`None`: it does not wait).
+    #[cfg(feature = "testing")]
+    pub(crate) fn behind(&self, id: u64) -> Option<usize> {
+        let queue = self.queue.as_ref()?;
+        queue.find(id).map(|at| queue.tickets.len() - at - 1)
     }
 
     /// How many calls hold a ticket.

@@ -436,6 +436,11 @@ async fn sequence(
         }
         match (&expected, &got) {
             (Outcome::Queued { ticket: mine, .. }, Outcome::Queued { ticket: theirs, .. }) => {
+                if book.behind(*mine).is_some_and(|n| n > 0) {
+                    *seen
+                        .entry("queued ahead of others (fair order)")
+                        .or_default() += 1;
+                }
                 calls[index].ticket = Some((*mine, *theirs));
                 tickets.insert(theirs.id(), index);
                 book_tickets.insert(mine.id(), index);
@@ -544,6 +549,7 @@ fn the_script_answers_every_operation_exactly_as_the_rule_book() {
                 "admit passed, fast path",
                 "admit claimed, no script",
                 "cancel of a ticket charged at its due time",
+                "queued ahead of others (fair order)",
                 "admit not yet, fast path",
                 "admit, full path",
                 "admitted",
