@@ -5,8 +5,8 @@
 //! - [`window`]: one window's arithmetic. A window of rate `N/P burst B` holds `T` tokens at
 //!   its last update and follows `T = min(B, T + (N/P)·elapsed)`; a cost `c` is admitted only
 //!   when `T ≥ c`.
-//! - [`queue`]: the tickets of the calls that wait, in arrival order, and the shadow schedule
-//!   that says when each is due.
+//! - [`queue`]: the tickets of the calls that wait, in fair order (arrival order for one
+//!   tenant), and the shadow schedule that says when each is due.
 //! - [`flights`]: the calls that went out through the HTTP gate and have not settled yet,
 //!   which a header sync needs to read the provider's count.
 //! - [`state`]: the key's transitions, all or nothing.
@@ -31,6 +31,22 @@
 //! removed. A newcomer passes at once only if the key can pay for it *and* for every ticket
 //! waiting, so no later call delays an earlier one. A ticket whose holder stops asking for it
 //! (a process that died) lapses after its lease.
+//!
+//! # Fair order
+//!
+//! Tickets wait in *fair order*, which for one tenant is arrival order. Each ticket is tagged as
+//! it is issued with a virtual finish time `max(V, G) + ⌈r / (1000·w)⌉`: `V` the tag of the
+//! ticket first in line, `G` the tag of the tenant's last ticket (both forgotten when nobody
+//! waits), `r` the nanoseconds the key takes to refill the call's cost in its slowest window,
+//! `w` the tenant's weight ([`op::Share`]; calls without one are one tenant of weight 1). The
+//! queue is sorted by tag, then by issue. One tenant's tags only grow, so its tickets stay in
+//! arrival order, and a key with one tenant waiting admits exactly as a FIFO. Tenants sharing
+//! a key then get its capacity in proportion to their weights, by cost: a call of cost `c` of
+//! weight `w`, finding its tenant with nothing waiting, has ahead of it from each other tenant
+//! `j` calls of total cost at most `w_j·⌈c/w⌉` plus two calls (the one first in line, and one
+//! whose tag straddles it), whenever they arrive; so nobody starves
+//! (`state/fair.rs` checks this bound as a property). A ticket placed ahead of others plans the
+//! line again, and breaks every waiting ticket's promise (below).
 //!
 //! A ticket not to fly, issued when every ticket ahead of it is promised, is *promised*: the
 //! key charges it at its due time itself, before the first operation that comes after that

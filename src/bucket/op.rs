@@ -100,8 +100,8 @@ impl Share {
 
 /// One state transition of a key.
 ///
-/// Small (48 bytes) so that an admission moves little: the one large operation, a sync, is
-/// boxed.
+/// The one large operation, a sync, is boxed, so that an admission moves little (an `Op` is
+/// 128 bytes, the size of a penalty with its refusal; a share is one pointer).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Op {

@@ -231,4 +231,32 @@ mod tests {
         line.moved((0, u64::MAX));
         assert!(line.lock().tickets.is_empty());
     }
+
+    #[tokio::test]
+    async fn a_ticket_is_behind_only_the_tickets_of_its_own_tenant() {
+        let line = Line::default();
+        let (a, b, bell_a, bell_b) = (
+            Arc::new(Notify::new()),
+            Arc::new(Notify::new()),
+            Arc::new(Notify::new()),
+            Arc::new(Notify::new()),
+        );
+        // Lane 1 holds tickets 3 and 9, lane 2 ticket 5: in fair order 5 may pass first.
+        line.join((1, 3), &bell_a);
+        line.join((2, 5), &bell_b);
+        line.stand((1, 9), &a);
+        line.stand((2, 7), &b);
+        assert!(line.has_ahead((1, 9)));
+        assert!(!line.has_ahead((2, 5)));
+        assert!(line.has_ahead((2, 7)));
+        // Ticket 3 passing nudges 9, its tenant's next, not 5 or 7 of the other tenant.
+        line.moved((1, 3));
+        assert!(nudged(&a).await);
+        assert!(!nudged(&b).await);
+        // A replan rings the first waiter of every lane.
+        line.replan();
+        assert!(nudged(&bell_b).await);
+        line.moved((2, 5));
+        assert!(nudged(&b).await);
+    }
 }

@@ -431,7 +431,8 @@ impl<S: Store> Limiter<S> {
 
     /// Waits until every window can pay `cost`, or until `deadline`.
     ///
-    /// Calls are admitted in the order they reached the store. One that can't pass at once
+    /// Calls are admitted in the order they reached the store (tenants sharing a key through
+    /// [`acquire_as`](Limiter::acquire_as) in fair order, each in its own arrival order). One that can't pass at once
     /// takes its place in the key's queue and sleeps until it is due (when the key can pay for
     /// it after every call ahead of it), then asks to pass: a promised ticket (see
     /// [`Op::Admit`]) was charged at that time and passes without the store's transitions; if

@@ -8,6 +8,7 @@ mod config;
 mod counting_off_worker;
 mod dual_bucket;
 mod extremes;
+mod fair_share;
 mod key_memory;
 mod metrics;
 mod no_alloc;
