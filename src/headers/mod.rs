@@ -3,9 +3,9 @@
 //! - [`parse_retry_after`]: the pause a `Retry-After` value asks for, as delay-seconds or an
 //!   HTTP date in any of its three forms, clamped to [`MAX_RETRY_AFTER`].
 //! - The readers that need a provider's profile (each currency's limit, what remains, when it
-//!   is full again; a 429's pause; Gemini's pause in a 429's body) are in `tollgate::http`,
-//!   with the `http` feature: `rate_headers`, `retry_pause`, `go_duration`,
-//!   `retry_info_delay`.
+//!   is full again; a 429's pause; Gemini's pause in a 429's body) are the `http` feature's
+//!   own: the [`Gate`](crate::http::Gate) reads every answer with them, and its
+//!   [`Verdict`](crate::http::Verdict) says what they found.
 //!
 //! Nothing a provider sends makes any of them panic: a value that can't be read is `None` (or
 //! left out), never a guess.

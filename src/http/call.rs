@@ -410,8 +410,8 @@ impl Call {
         }
         let (code, message, _) = error_body.map(error_detail).unwrap_or_default();
         // Gemini says when only in its body (`RetryInfo.retryDelay`).
-        let pause =
-            retry_pause(headers, now).or_else(|| error_body.and_then(super::retry_info_delay));
+        let pause = retry_pause(headers, now)
+            .or_else(|| error_body.and_then(super::retry_info::retry_info_delay));
         let said_when = headers.contains_key("retry-after")
             || headers.contains_key("retry-after-ms")
             || pause.is_some();

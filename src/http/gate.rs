@@ -454,7 +454,7 @@ impl Gate {
 
     /// How long an adapter sleeps before retry `attempt` after a transient 429 with `pause`,
     /// or [`Error::Timeout`] (carrying the pause) when that sleep would end past `deadline`.
-    pub fn retry_within(
+    pub(crate) fn retry_within(
         &self,
         key: &str,
         attempt: u32,
@@ -891,5 +891,43 @@ impl Estimated {
     /// `None`: send the caller's bytes as they are.
     pub fn body(&self) -> Option<&Bytes> {
         self.send.as_ref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::{Limits, MemoryStore, Registry};
+
+    /// A transient 429 asking for a pause past the gate's deadline fails at once, with the pause,
+    /// instead of sleeping it.
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_whose_pause_passes_the_deadline_fails_at_once_with_the_pause() {
+        let registry = Arc::new(Registry::new(MemoryStore::new()));
+        let gate = Gate::builder(Profile::openai())
+            .limits(Limits::parse("100/m", "100000/m").unwrap())
+            .registry(registry)
+            .first_answer_wait(None)
+            .timeout(Some(Duration::from_secs(60)))
+            .build()
+            .unwrap();
+        let started = tokio::time::Instant::now();
+        let deadline = gate.deadline();
+        let failed = gate.retry_within("k", 0, Some(crate::MAX_RETRY_AFTER), deadline, started);
+        match failed {
+            Err(Error::Timeout { needed, waited, .. }) => {
+                assert_eq!(needed, Some(crate::MAX_RETRY_AFTER));
+                assert_eq!(waited, Duration::ZERO);
+            }
+            other => panic!("expected a timeout with the pause, got {other:?}"),
+        }
+        // Within the deadline the pause is slept, floored by the backoff.
+        let delay = gate
+            .retry_within("k", 0, Some(Duration::from_secs(2)), deadline, started)
+            .unwrap();
+        assert!(delay >= Duration::from_secs(2));
     }
 }

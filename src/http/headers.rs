@@ -12,7 +12,7 @@ use crate::rate::Currency;
 /// What the headers of one response said about one currency.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct RateHeader {
+pub(crate) struct RateHeader {
     /// The currency.
     pub currency: Currency,
     /// The provider's limit for it.
@@ -42,7 +42,11 @@ pub struct RateHeader {
 /// assert_eq!(read[0].remaining, Some(29_100));
 /// assert_eq!(read[0].reset, Some(Duration::from_millis(1_800)));
 /// ```
-pub fn rate_headers(profile: &Profile, headers: &HeaderMap, now: SystemTime) -> Vec<RateHeader> {
+pub(crate) fn rate_headers(
+    profile: &Profile,
+    headers: &HeaderMap,
+    now: SystemTime,
+) -> Vec<RateHeader> {
     profile
         .headers
         .iter()
@@ -104,7 +108,7 @@ fn reset(form: ResetForm, text: &str, now: SystemTime) -> Option<Duration> {
 /// assert_eq!(go_duration("1h2m3.5s"), Some(Duration::from_millis(3_723_500)));
 /// assert_eq!(go_duration("soon"), None);
 /// ```
-pub fn go_duration(text: &str) -> Option<Duration> {
+pub(crate) fn go_duration(text: &str) -> Option<Duration> {
     let mut rest = text.trim();
     if rest.is_empty() {
         return None;
@@ -177,7 +181,7 @@ pub fn go_duration(text: &str) -> Option<Duration> {
 /// headers.insert("retry-after-ms", "1250".parse().unwrap());
 /// assert_eq!(retry_pause(&headers, SystemTime::now()), Some(Duration::from_millis(1_250)));
 /// ```
-pub fn retry_pause(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+pub(crate) fn retry_pause(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     if let Some(ms) = text("retry-after-ms").and_then(milliseconds) {
         return Some(ms);

@@ -134,11 +134,9 @@ pub use attempt::{Attempts, Next};
 pub use body::{MeteredBody, is_event_stream};
 pub use call::{Call, SettledFn, Settlement};
 pub use gate::{Estimated, Gate, GateBuilder, KeyFn};
-pub use headers::{RateHeader, go_duration, rate_headers, retry_pause};
 pub use profile::{HeaderNames, OutputTo, Profile, ResetForm};
 pub use request::BodyError;
-pub use retry_info::retry_info_delay;
-pub use usage::{Reported, UsageScanner};
+pub use usage::Reported;
 pub use verdict::{PermanentRefusal, Verdict};
 
 #[cfg(feature = "tower")]

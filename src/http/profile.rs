@@ -252,7 +252,7 @@ impl Profile {
     /// bodies and usage fields, but no rate-limit headers at all, so nothing to sync; its limits
     /// are per model (requests and input tokens per minute, requests per day). A 429 is
     /// `RESOURCE_EXHAUSTED`, and says how long to wait only in its JSON body
-    /// (`RetryInfo.retryDelay`, read by [`retry_info_delay`](super::retry_info_delay));
+    /// (`RetryInfo.retryDelay`, read by the gate);
     /// reserved output goes to the output-token windows, if the key has any, since its token
     /// limit counts input.
     ///

@@ -21,7 +21,7 @@ use super::headers::go_duration;
 /// assert_eq!(retry_info_delay(body), Some(Duration::from_secs(37)));
 /// assert_eq!(retry_info_delay(b"not json"), None);
 /// ```
-pub fn retry_info_delay(body: &[u8]) -> Option<Duration> {
+pub(crate) fn retry_info_delay(body: &[u8]) -> Option<Duration> {
     let value: Value = serde_json::from_slice(body).ok()?;
     let error = match &value {
         Value::Array(items) => items.first()?.get("error")?,

@@ -184,7 +184,7 @@ const LONGEST_LINE: usize = 4 << 20;
 /// a byte-order mark before the first line is dropped, an event's `data:` lines are joined
 /// with line feeds and read when a blank line ends the event.
 #[derive(Debug)]
-pub struct UsageScanner {
+pub(crate) struct UsageScanner {
     stream: bool,
     done: bool,
     kept: Vec<u8>,
@@ -313,7 +313,7 @@ fn generated_of(value: &Value, out: &mut dyn FnMut(&str)) -> bool {
 
 impl UsageScanner {
     /// A scanner for a server-sent event stream (`stream`) or a JSON body.
-    pub fn new(stream: bool) -> UsageScanner {
+    pub(crate) fn new(stream: bool) -> UsageScanner {
         UsageScanner {
             stream,
             done: false,
@@ -336,7 +336,7 @@ impl UsageScanner {
 
     /// A scanner that also counts, with `estimator`, the text the response generates, for a
     /// response that reports no output count ([`Reported::generated`]).
-    pub fn counting(stream: bool, estimator: Arc<dyn Estimator>) -> UsageScanner {
+    pub(crate) fn counting(stream: bool, estimator: Arc<dyn Estimator>) -> UsageScanner {
         UsageScanner {
             estimator: Some(estimator),
             ..UsageScanner::new(stream)
@@ -377,7 +377,7 @@ impl UsageScanner {
     }
 
     /// Reads the next piece of the body.
-    pub fn feed(&mut self, bytes: &[u8]) {
+    pub(crate) fn feed(&mut self, bytes: &[u8]) {
         self.fed = self.fed.saturating_add(bytes.len() as u64);
         if self.stream {
             self.feed_events(bytes);
@@ -511,26 +511,20 @@ impl UsageScanner {
 
     /// True once a stream has sent its last event (`data: [DONE]`, Anthropic's
     /// `message_stop`, the responses API's `response.completed`): its usage is all in.
-    pub fn is_done(&self) -> bool {
+    pub(crate) fn is_done(&self) -> bool {
         self.done
     }
 
     /// Once, when a stream has reported its input before its output (Anthropic's
     /// `message_start`): what it reported then, for the input to be settled while the output
     /// is still being written.
-    pub fn take_input(&mut self) -> Option<Reported> {
+    pub(crate) fn take_input(&mut self) -> Option<Reported> {
         std::mem::take(&mut self.input_early).then_some(self.reported)
-    }
-
-    /// What the body reported so far (without the generated text, which is counted at
-    /// [`finish`](UsageScanner::finish)).
-    pub fn reported(&self) -> Reported {
-        self.reported
     }
 
     /// What the whole body reported (for a plain body, what the bytes read so far report, if
     /// they are the whole JSON document).
-    pub fn finish(mut self) -> Reported {
+    pub(crate) fn finish(mut self) -> Reported {
         if self.stream {
             let line = std::mem::take(&mut self.kept);
             if !self.overflowed && !line.is_empty() {

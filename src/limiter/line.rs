@@ -53,7 +53,7 @@ pub(super) struct Line {
 
 #[derive(Debug, Default)]
 struct State {
-    tickets: BTreeMap<Spot, Place>,
+    tickets: BTreeMap<Spot, Seat>,
     /// Set by a refund or a penalty until the line is empty: each waiter that passes rings the
     /// next.
     replanning: bool,
@@ -61,7 +61,7 @@ struct State {
 
 /// One waiter's place.
 #[derive(Debug, Default)]
-struct Place {
+struct Seat {
     /// Set while it waits to be nudged; `None` while it sleeps until it is due.
     nudge: Option<Arc<Notify>>,
     /// When it will next ask the store (at the latest).
@@ -73,9 +73,9 @@ struct Place {
 impl Line {
     /// A waiter holds `ticket` and sleeps until it is due; `bell` rings it early.
     pub(super) fn join(&self, ticket: Spot, bell: &Arc<Notify>) {
-        let place = Place {
+        let place = Seat {
             bell: Some(Arc::clone(bell)),
-            ..Place::default()
+            ..Seat::default()
         };
         self.lock().tickets.insert(ticket, place);
     }

@@ -10,7 +10,7 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use http_body_util::{BodyExt, Full};
 use serde_json::json;
 use tollgate::http::{Gate, MeteredBody, Profile, Reported, Verdict};
-use tollgate::{Currency, Error, Limits, MemoryStore, Registry};
+use tollgate::{Currency, Limits, MemoryStore, Registry};
 
 fn parts() -> http::request::Parts {
     http::Request::post("http://provider.invalid/v1/messages")
@@ -324,35 +324,6 @@ fn a_huge_float_is_counted_as_the_json_text_it_is() {
                       "tools": [{"type": "function", "function": {"name": "f", "parameters": {"default": 1e308}}}]});
     let estimate = tollgate::estimators::estimate(&*estimator, &body).unwrap();
     assert!(estimate.input_tokens < 100, "{estimate:?}");
-}
-
-/// A transient 429 asking for a pause past the gate's deadline fails at once, with the pause,
-/// instead of sleeping it.
-#[tokio::test(start_paused = true)]
-async fn a_retry_whose_pause_passes_the_deadline_fails_at_once_with_the_pause() {
-    let registry = Arc::new(Registry::new(MemoryStore::new()));
-    let gate = Gate::builder(Profile::openai())
-        .limits(Limits::parse("100/m", "100000/m").unwrap())
-        .registry(registry)
-        .first_answer_wait(None)
-        .timeout(Some(Duration::from_secs(60)))
-        .build()
-        .unwrap();
-    let started = tokio::time::Instant::now();
-    let deadline = gate.deadline();
-    let failed = gate.retry_within("k", 0, Some(tollgate::MAX_RETRY_AFTER), deadline, started);
-    match failed {
-        Err(Error::Timeout { needed, waited, .. }) => {
-            assert_eq!(needed, Some(tollgate::MAX_RETRY_AFTER));
-            assert_eq!(waited, Duration::ZERO);
-        }
-        other => panic!("expected a timeout with the pause, got {other:?}"),
-    }
-    // Within the deadline the pause is slept, floored by the backoff.
-    let delay = gate
-        .retry_within("k", 0, Some(Duration::from_secs(2)), deadline, started)
-        .unwrap();
-    assert!(delay >= Duration::from_secs(2));
 }
 
 /// Metrics per key: tokens settled and refunded, tokens lowered by a sync, 429s by kind; and
