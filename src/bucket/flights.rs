@@ -176,11 +176,10 @@ impl Cover {
 /// overestimate back, or the shortfall charged less what `cover` pays of it (given the
 /// shortfall). Saturates at `i64`'s range.
 pub(crate) fn settlement(charged: u64, used: u64, cover: impl FnOnce(u64) -> u64) -> i64 {
-    let saturate = |tokens: u64| i64::try_from(tokens).unwrap_or(i64::MAX);
     if used <= charged {
-        saturate(charged - used)
+        super::saturate(charged - used)
     } else {
         let shortfall = used - charged;
-        -saturate(shortfall - cover(shortfall).min(shortfall))
+        -super::saturate::<u64, i64>(shortfall - cover(shortfall).min(shortfall))
     }
 }

@@ -115,9 +115,31 @@ impl Nanos {
     }
 }
 
-/// Nanoseconds as a `u64`, saturated: a hint is never shorter than the true wait.
-pub(crate) fn saturate(nanos: u128) -> u64 {
-    u64::try_from(nanos).unwrap_or(u64::MAX)
+/// `value` in a narrower integer type, saturated at its bounds: nanoseconds as a `u64` (a hint
+/// is never shorter than the true wait), tokens as an `i64` correction or refund. The one
+/// saturating conversion of the rule book and the limiter.
+pub(crate) fn saturate<T, U>(value: T) -> U
+where
+    T: Copy + PartialOrd + Default,
+    U: TryFrom<T> + Bounds,
+{
+    U::try_from(value).unwrap_or(if value > T::default() { U::MAX } else { U::MIN })
+}
+
+/// An integer type's bounds, for [`saturate`].
+pub(crate) trait Bounds {
+    const MIN: Self;
+    const MAX: Self;
+}
+
+impl Bounds for u64 {
+    const MIN: u64 = u64::MIN;
+    const MAX: u64 = u64::MAX;
+}
+
+impl Bounds for i64 {
+    const MIN: i64 = i64::MIN;
+    const MAX: i64 = i64::MAX;
 }
 
 /// An exact amount of tokens: `units / scale`, where `scale` is the period in nanoseconds (or,

@@ -68,6 +68,13 @@ impl KeyState {
         now
     }
 
+    /// Forgets the queue once nobody waits in it (most keys, most of the time, have none).
+    fn forget_empty_queue(&mut self) {
+        if self.queue.as_ref().is_some_and(|q| q.tickets.is_empty()) {
+            self.queue = None;
+        }
+    }
+
     fn pending(&self) -> Cost {
         self.queue.as_ref().map_or(Cost::default(), |q| q.pending)
     }
@@ -97,9 +104,7 @@ impl KeyState {
             self.real.charge(limits, t.cost);
             queue.remove(0);
         }
-        if queue.tickets.is_empty() {
-            self.queue = None;
-        }
+        self.forget_empty_queue();
     }
 
     /// Drops lapsed tickets at the head of the queue (others lapse when they reach it, or when a
@@ -110,9 +115,7 @@ impl KeyState {
                 queue.remove(0);
                 queue.shadow = None;
             }
-            if queue.tickets.is_empty() {
-                self.queue = None;
-            }
+            self.forget_empty_queue();
         }
     }
 
@@ -225,8 +228,4 @@ fn tightest(limits: &Limits, currency: Currency) -> Option<usize> {
         .filter(|(_, (c, _))| *c == currency)
         .min_by_key(|(_, (_, rate))| rate.burst())
         .map(|(i, _)| i)
-}
-
-fn clamp_i64(value: i128) -> i64 {
-    i64::try_from(value).unwrap_or(if value > 0 { i64::MAX } else { i64::MIN })
 }

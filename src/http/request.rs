@@ -279,10 +279,17 @@ pub(crate) fn with_stream_usage(read: &Read, original: &[u8]) -> Option<Bytes> {
             out.extend_from_slice(rest);
             Some(Bytes::from(out))
         }
-        Some(Value::Object(object)) => {
-            let mut object = object.clone();
-            object.insert("include_usage".to_owned(), Value::Bool(true));
-            let replacement = Value::Object(object).to_string();
+        // An object gains the field; anything else (`null`, which OpenAI's schema allows)
+        // becomes an object that asks for the usage.
+        Some(value) => {
+            let replacement = match value {
+                Value::Object(object) => {
+                    let mut object = object.clone();
+                    object.insert("include_usage".to_owned(), Value::Bool(true));
+                    Value::Object(object).to_string()
+                }
+                _ => r#"{"include_usage":true}"#.to_owned(),
+            };
             // Where the field's value sits: from the lenient reader, or found again by it.
             let owned;
             let (text, fields): (&str, &[json::Field]) = match (&read.text, &read.fields) {
@@ -298,25 +305,6 @@ pub(crate) fn with_stream_usage(read: &Read, original: &[u8]) -> Option<Bytes> {
             let mut out = String::with_capacity(text.len() + 24);
             out.push_str(&text[..field.value.start]);
             out.push_str(&replacement);
-            out.push_str(&text[field.value.end..]);
-            Some(Bytes::from(out))
-        }
-        // `stream_options` that is not an object (`null`, which OpenAI's schema allows): the
-        // whole value becomes one that asks for the usage.
-        Some(_) => {
-            let owned;
-            let (text, fields): (&str, &[json::Field]) = match (&read.text, &read.fields) {
-                (Some(text), Some(fields)) => (text, fields),
-                _ => {
-                    let text = std::str::from_utf8(original).ok()?;
-                    owned = json::parse(text).ok()?;
-                    (text, &owned.fields)
-                }
-            };
-            let field = fields.iter().rev().find(|f| f.key == "stream_options")?;
-            let mut out = String::with_capacity(text.len() + 24);
-            out.push_str(&text[..field.value.start]);
-            out.push_str(r#"{"include_usage":true}"#);
             out.push_str(&text[field.value.end..]);
             Some(Bytes::from(out))
         }

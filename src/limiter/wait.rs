@@ -14,6 +14,7 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use super::{Limiter, Permit, unexpected};
+use crate::bucket::saturate;
 use crate::cost::Cost;
 use crate::error::Error;
 use crate::store::{Op, Outcome, Share, Store, Ticket};
@@ -97,7 +98,7 @@ impl<S: Store> Drop for Delivery<S> {
                 return self.limiter.give_up_in_background(*ticket, self.charged);
             }
             (Op::Acquire { .. } | Op::Admit { .. }, Some(Ok(Outcome::Admitted))) => Op::Adjust {
-                delta: self.charged.per_currency().map(clamp_refund),
+                delta: self.charged.per_currency().map(saturate::<u64, i64>),
             },
             // A call that never went out used nothing: all of it back, and it is done.
             (Op::Acquire { .. } | Op::Admit { .. }, Some(Ok(Outcome::Flying(flight)))) => {
@@ -222,10 +223,6 @@ async fn yield_until(wake: Instant) -> bool {
     true
 }
 
-fn clamp_refund(amount: u64) -> i64 {
-    i64::try_from(amount).unwrap_or(i64::MAX)
-}
-
 impl<S: Store> Limiter<S> {
     /// Runs `op` on the store, within `deadline` (plus a hair for an answer on its way). On a
     /// remote store the operation runs in a task of its own, so that a caller that goes away
@@ -316,7 +313,7 @@ impl<S: Store> Limiter<S> {
     /// charged at its due time already, `cost` given back.
     fn give_up_in_background(&self, ticket: Ticket, cost: Cost) {
         let refund = Op::Adjust {
-            delta: cost.per_currency().map(clamp_refund),
+            delta: cost.per_currency().map(saturate::<u64, i64>),
         };
         let inner = &self.inner;
         if let Some(result) = inner.store.apply_now(&inner.bound, Op::Cancel { ticket }) {

@@ -124,9 +124,7 @@ impl KeyState {
         // Exact, in nanoseconds from now: never shortened by the end of the clock.
         let due_in = u128::from(start.0 - now.0) + at_start.wait(limits, Cost::default(), cost);
         if max_wait.is_some_and(|w| due_in > w.as_nanos()) {
-            if self.queue.as_ref().is_some_and(|q| q.tickets.is_empty()) {
-                self.queue = None;
-            }
+            self.forget_empty_queue();
             return Ok(Outcome::NotYet(Duration::from_nanos(saturate(due_in))));
         }
         if queued >= MAX_QUEUE {
@@ -247,9 +245,7 @@ impl KeyState {
         if queue.tickets[index].lease_until < now {
             queue.remove(index);
             queue.shadow = None;
-            if queue.tickets.is_empty() {
-                self.queue = None;
-            }
+            self.forget_empty_queue();
             return Ok(Outcome::Lost);
         }
         // Only the nearest tickets ahead are looked at, so that asking costs the same however
@@ -286,9 +282,7 @@ impl KeyState {
         } else if wait == 0 && !unseen {
             self.real.charge(limits, ticket.cost);
             queue.remove(index);
-            if queue.tickets.is_empty() {
-                self.queue = None;
-            }
+            self.forget_empty_queue();
             return Ok(self.went(limits, now, ticket.cost, fly));
         } else if unseen {
             // Calls this ticket did not look at are ahead. Guess their cost from those it saw,
@@ -335,9 +329,7 @@ impl KeyState {
             // (a cancelled waiter frees its place in line).
             queue.break_promises();
             queue.shadow = None;
-            if queue.tickets.is_empty() {
-                self.queue = None;
-            }
+            self.forget_empty_queue();
         }
         self.expire_head(now);
         let now = now.max(self.real.at);

@@ -111,8 +111,8 @@ impl KeyState {
                     flights.cover.tokens[c] = emptied[c];
                     // What the windows held, the provider says is spent: taken off for spending
                     // elsewhere, like a sync's correction.
-                    flights.corrected[c] =
-                        flights.corrected[c].saturating_add(clamp_i64(i128::from(emptied[c])));
+                    flights.corrected[c] = flights.corrected[c]
+                        .saturating_add(saturate::<_, i64>(i128::from(emptied[c])));
                 }
             }
         }
@@ -135,7 +135,7 @@ impl KeyState {
         for ((c, w), level) in windows(limits).zip(self.real.units.iter_mut()) {
             if c == currency {
                 let target = w.units(remaining.min(w.rate.burst()));
-                let tokens = clamp_i64(w.whole(*level - target));
+                let tokens = saturate::<_, i64>(w.whole(*level - target));
                 above = Some(above.map_or(tokens, |a| a.min(tokens)));
                 *level = (*level).min(target);
             }
@@ -170,11 +170,14 @@ impl KeyState {
     /// currency to at most the count, as [`lower`](KeyState::lower) does.
     pub(crate) fn sync(&mut self, limits: &Limits, now: Nanos, args: &SyncArgs) -> Outcome {
         let now = self.refilled(limits, now);
-        self.add_delta(limits, args.foreign.map(|t| -clamp_i64(i128::from(t))));
+        self.add_delta(
+            limits,
+            args.foreign.map(|t| -saturate::<_, i64>(i128::from(t))),
+        );
         if let Some(flights) = self.flights.as_deref_mut() {
             for c in Currency::ALL {
-                flights.corrected[c] =
-                    flights.corrected[c].saturating_add(clamp_i64(i128::from(args.foreign[c])));
+                flights.corrected[c] = flights.corrected[c]
+                    .saturating_add(saturate::<_, i64>(i128::from(args.foreign[c])));
             }
         }
         let found = self
@@ -213,7 +216,9 @@ impl KeyState {
             };
             let counted = w.units(remaining.min(w.rate.burst()));
             let Some((_, flight, (before, _))) = found else {
-                above[c] = Some(clamp_i64(w.whole(self.real.units[tight] - counted)));
+                above[c] = Some(saturate::<_, i64>(
+                    w.whole(self.real.units[tight] - counted),
+                ));
                 for ((currency, w), level) in windows(limits).zip(self.real.units.iter_mut()) {
                     if currency == c {
                         *level = (*level).min(w.units(remaining.min(w.rate.burst())));
@@ -232,10 +237,10 @@ impl KeyState {
             let held = w.refill(held, saturate(args.counted_after.as_nanos()));
             // What was spent elsewhere if the provider counted the calls in the order they went
             // out: a sample for the model, right on average.
-            let likely = clamp_i64(w.whole(held - counted));
+            let likely = saturate::<_, i64>(w.whole(held - counted));
             // Calls that went out close to it are left out, whichever side of it they were
             // counted on: what is taken off is never more than was spent elsewhere.
-            let excess = clamp_i64(w.whole(held - w.units_capped(before[c]) - counted));
+            let excess = saturate::<_, i64>(w.whole(held - w.units_capped(before[c]) - counted));
             let corrected = self.flights.as_deref().map_or(0, |f| f.corrected[c]);
             let since = corrected.saturating_sub(flight.corrected[c]);
             above[c] = Some(excess);
@@ -243,7 +248,7 @@ impl KeyState {
             // What this count finds spent elsewhere beyond what was corrected: the likely
             // amount, but never more than the margin beyond the least there can be (a burst
             // that reached the provider in another order can't take off more than that).
-            let margin = clamp_i64(i128::from(args.margin[c]));
+            let margin = saturate::<_, i64>(i128::from(args.margin[c]));
             let found_more = likely
                 .saturating_sub(since)
                 .min(excess.saturating_sub(since).saturating_add(margin));
@@ -270,9 +275,9 @@ impl KeyState {
                 let back = take.unsigned_abs().min(args.returnable[c]);
                 if back > 0 {
                     flights.corrected[c] =
-                        flights.corrected[c].saturating_sub(clamp_i64(i128::from(back)));
+                        flights.corrected[c].saturating_sub(saturate::<_, i64>(i128::from(back)));
                     returned[c] = back;
-                    self.shift(limits, c, clamp_i64(i128::from(back)));
+                    self.shift(limits, c, saturate::<_, i64>(i128::from(back)));
                 }
             }
         }
@@ -326,7 +331,7 @@ impl KeyState {
                 .saturating_mul(elapsed)
                 .min(charge);
             if tight[c] == Some(j) {
-                credited[c] = clamp_i64(w.whole(over));
+                credited[c] = saturate::<_, i64>(w.whole(over));
             }
             *level = w.clamp(*level - over);
         }
