@@ -35,30 +35,14 @@ pub struct Call {
     /// The key's turn to go alone (its first call, or one while its limits are unknown),
     /// shared with a task that hands it on if the answer is slow in coming.
     learning: Arc<std::sync::Mutex<Option<OwnedSemaphorePermit>>>,
-    stream: bool,
+    /// The request as the gate read it: its estimate, model, price, fees and body to send.
+    estimated: Estimated,
     sent: Option<Instant>,
     /// When the key charged it: its windows started refilling from then.
     admitted: Instant,
-    /// What the gate estimated: input tokens, and the most output the call may write.
-    input: u64,
     /// The input as charged: the estimate and its margin (what stands when the answer reports
     /// no input count).
     charged_input: u64,
-    /// Input the gate could not see (a previous response, a file by reference), reserved from
-    /// budgets alone: an answer that reports no input count is billed it too.
-    unseen: u64,
-    most_output: u64,
-    /// The most its model can write (the profile's table), times the copies asked for.
-    model_most: u64,
-    model: Option<String>,
-    /// Its model's price, for spend budgets.
-    price: Option<super::models::Price>,
-    /// Its server-side tools' fees, in micro-dollars, as reserved; and the dearest of one call.
-    fees: u64,
-    fee_each: u64,
-    /// The body to send in place of the caller's, when the gate changed it.
-    send: Option<Bytes>,
-    usage_added: bool,
     /// Other windows the call was charged in (a tenant's), settled with the same usage.
     extras: Vec<Permit>,
     /// Told how the call settled, once.
@@ -107,7 +91,7 @@ impl fmt::Debug for Call {
         f.debug_struct("Call")
             .field("key", &self.state.key)
             .field("cost", &self.permit.as_ref().map(Permit::cost))
-            .field("stream", &self.stream)
+            .field("stream", &self.estimated.stream)
             .finish_non_exhaustive()
     }
 }
@@ -156,20 +140,10 @@ impl Call {
             state,
             permit,
             learning: Arc::new(std::sync::Mutex::new(learning)),
-            stream: estimated.stream,
+            estimated: estimated.clone(),
             sent: None,
             admitted: Instant::now(),
-            input: estimated.input,
             charged_input,
-            unseen: estimated.unseen,
-            most_output: estimated.output,
-            model_most: estimated.model_most,
-            model: estimated.model.clone(),
-            price: estimated.price,
-            fees: estimated.fees,
-            fee_each: estimated.fee_each,
-            send: estimated.send.clone(),
-            usage_added: estimated.usage_added,
             extras: Vec::new(),
             on_settled: None,
             cut: false,
@@ -204,14 +178,14 @@ impl Call {
     /// `content-encoding`, or asking a stream for its usage): send it without
     /// `content-encoding`, with its own length. `None`: send the caller's bytes.
     pub fn body(&self) -> Option<&Bytes> {
-        self.send.as_ref()
+        self.estimated.send.as_ref()
     }
 
     /// Fixes the request's headers for the body the gate rewrote ([`body`](Call::body)): no
     /// `content-encoding`, and the new body's `content-length`. Does nothing when the body
     /// was not rewritten.
     pub fn rewrite_headers(&self, headers: &mut HeaderMap) {
-        if let Some(body) = &self.send {
+        if let Some(body) = &self.estimated.send {
             headers.remove(http::header::CONTENT_ENCODING);
             headers.insert(
                 http::header::CONTENT_LENGTH,
@@ -224,17 +198,17 @@ impl Call {
     /// the caller's behalf: [`MeteredBody`](super::MeteredBody) takes that extra chunk out of the
     /// stream before the caller reads it.
     pub fn usage_added(&self) -> bool {
-        self.usage_added
+        self.estimated.usage_added
     }
 
     /// The body's `model`, if it named one.
     pub fn model(&self) -> Option<&str> {
-        self.model.as_deref()
+        self.estimated.model.as_deref()
     }
 
     /// The input tokens the gate estimated.
     pub fn input_tokens(&self) -> u64 {
-        self.input
+        self.estimated.input
     }
 
     /// Charges the call in other windows too (a tenant's): `permit` is settled with the same
@@ -253,7 +227,7 @@ impl Call {
     /// windows took it).
     fn reserved_charged(&self) -> u64 {
         let Some(cost) = self.cost() else {
-            return self.most_output;
+            return self.estimated.output;
         };
         match self.gate.inner.profile.output {
             super::OutputTo::Tokens => cost.tokens.saturating_sub(self.charged_input),
@@ -310,7 +284,7 @@ impl Call {
     /// True when the request asked for a stream (`"stream": true`): its usage comes in
     /// server-sent events.
     pub fn is_stream(&self) -> bool {
-        self.stream
+        self.estimated.stream
     }
 
     /// The limiter that admitted the call, or the key's (learned) one.
@@ -376,7 +350,7 @@ impl Call {
             // settlement, and goes with it.
             let whole = self.whole
                 && !refused
-                && !self.stream
+                && !self.estimated.stream
                 && self.permit.as_ref().is_some_and(|p| p.flight().is_some());
             match self.sync_args(&limiter, &read, refused, counted) {
                 Some(args) if whole => self.pending_sync = Some(args),
@@ -659,17 +633,17 @@ impl Call {
         if self.errored
             && reported.output.is_none()
             && reported.total.is_none()
-            && let Some(price) = self.price.as_mut()
+            && let Some(price) = self.estimated.price.as_mut()
         {
             *price = super::models::Price::default();
-            self.fees = 0;
+            self.estimated.fees = 0;
         }
         // An input count that is missing or can't be read (`null`, `1e30`, `NaN`) is what was
         // charged for it, and what the gate could not see, never nothing (unless a total
         // stands for it).
         let input_reported = reported.input.is_some() || reported.total.is_some();
         if !input_reported {
-            reported.input = Some(self.charged_input.saturating_add(self.unseen));
+            reported.input = Some(self.charged_input.saturating_add(self.estimated.unseen));
         }
         if reported.output.is_none() && reported.total.is_none() {
             // No output count: the reservation stands, or what was generated if more. An
@@ -715,6 +689,7 @@ impl Call {
         let cut = self.cut;
         let fees = self.fees_billed(&reported);
         let spend = self
+            .estimated
             .price
             .map(|price| price.billed(&reported).saturating_add(fees));
         self.tell(Settlement {
@@ -749,10 +724,10 @@ impl Call {
         if seen <= self.reserved_charged() {
             // Dropped after sending: every window keeps what it was charged.
             let charged = self.cost();
-            let spend = self.price.map(|price| {
+            let spend = self.estimated.price.map(|price| {
                 price
-                    .estimate(self.input, self.most_output.max(seen))
-                    .saturating_add(self.fees)
+                    .estimate(self.estimated.input, self.estimated.output.max(seen))
+                    .saturating_add(self.estimated.fees)
             });
             self.tell(Settlement {
                 charged,
@@ -789,13 +764,17 @@ impl Call {
         // spent the tokens.
         let input_most = largest(Currency::Tokens)
             .unwrap_or(0)
-            .max(self.input.saturating_mul(2).saturating_add(8_192));
+            .max(self.estimated.input.saturating_mul(2).saturating_add(8_192));
         let window_output = match profile.output {
             super::OutputTo::OutputTokens => largest(Currency::OutputTokens),
             _ => largest(Currency::Tokens),
         }
         .unwrap_or(0);
-        let output_most = self.most_output.max(self.model_most).max(window_output);
+        let output_most = self
+            .estimated
+            .output
+            .max(self.estimated.model_most)
+            .max(window_output);
         let mut cut = *reported;
         let mut clamped = false;
         let mut bound = |slot: &mut Option<u64>, most: u64| {
@@ -828,7 +807,7 @@ impl Call {
         // a search), is billed in full (cut to the request's bounds, a reviewer's calls were
         // charged 1/435 of their bill). The floor of a budget's debt bounds a lie.
         if !limits.spend().is_empty()
-            && let Some(price) = self.price
+            && let Some(price) = self.estimated.price
         {
             usage = usage.with_spend(
                 price
@@ -845,8 +824,8 @@ impl Call {
     /// request's tools, or what was reserved when it reports none.
     fn fees_billed(&self, reported: &Reported) -> u64 {
         match reported.tool_calls {
-            Some(calls) if self.fees > 0 => self.fee_each.saturating_mul(calls),
-            _ => self.fees,
+            Some(calls) if self.estimated.fees > 0 => self.estimated.fee_each.saturating_mul(calls),
+            _ => self.estimated.fees,
         }
     }
 }
