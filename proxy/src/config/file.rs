@@ -44,6 +44,9 @@ pub(super) struct TierFile {
     pub(super) output_tokens: Option<String>,
     pub(super) spend: Option<String>,
     pub(super) spend_total: Option<String>,
+    /// Read wide, so that 0 and a negative weight are named as such rather than as a type.
+    pub(super) weight: Option<i64>,
+    pub(super) priority: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -111,6 +111,53 @@ pub struct Tier {
     pub spend: Rates,
     /// One budget every tenant of the tier shares, across every upstream; empty: none.
     pub spend_total: Rates,
+    /// Each tenant's weight at a contended key (1 to [`MAX_WEIGHT`], default 1): while calls of
+    /// several tenants wait at one organisation key, each tenant gets its capacity in proportion
+    /// to its weight (times its priority's factor).
+    pub weight: u32,
+    /// `interactive` (the default) or `batch`: interactive tenants weigh ten times their weight.
+    pub priority: Priority,
+}
+
+/// The largest `weight` a tier may have.
+pub const MAX_WEIGHT: u32 = 1_000_000;
+
+/// Whether a tier's calls go first at a contended key (`interactive`) or take what is left
+/// (`batch`). Done with weights: a batch tenant is never starved, it gets 1 part in 11 of a key
+/// beside one interactive tenant of the same weight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Priority {
+    /// Weighs ten times its tier's weight (the default).
+    #[default]
+    Interactive,
+    /// Weighs its tier's weight.
+    Batch,
+}
+
+impl Priority {
+    /// What the tier's weight is multiplied by.
+    pub const fn factor(self) -> u32 {
+        match self {
+            Priority::Interactive => 10,
+            Priority::Batch => 1,
+        }
+    }
+
+    /// `interactive` or `batch`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Priority::Interactive => "interactive",
+            Priority::Batch => "batch",
+        }
+    }
+}
+
+impl Tier {
+    /// The weight its tenants wait with at an organisation key: its `weight` times its
+    /// priority's factor (at most 10,000,000).
+    pub fn share_weight(&self) -> u32 {
+        self.weight.saturating_mul(self.priority.factor())
+    }
 }
 
 /// A model served by several upstreams (deployments, keys, regions), each with its own

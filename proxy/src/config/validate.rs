@@ -287,9 +287,31 @@ fn tier(name: &str, t: TierFile, problems: &mut Vec<String>) -> Tier {
         problems.push(format!("{what}: {e}"));
         None
     });
+    let weight = match t.weight {
+        None => 1,
+        Some(w) if (1..=i64::from(MAX_WEIGHT)).contains(&w) => u32::try_from(w).unwrap_or(1),
+        Some(w) => {
+            problems.push(format!(
+                "{what}.weight: {w}; expected a whole number from 1 to {MAX_WEIGHT} (a tier's share of a contended key, against the other tiers' weights)"
+            ));
+            1
+        }
+    };
+    let priority = match t.priority.as_deref() {
+        None | Some("interactive") => Priority::Interactive,
+        Some("batch") => Priority::Batch,
+        Some(other) => {
+            problems.push(format!(
+                "{what}.priority: `{other}`; expected interactive or batch"
+            ));
+            Priority::Interactive
+        }
+    };
     Tier {
         name: name.to_owned(),
         limits,
+        weight,
+        priority,
         spend: budget(t.spend.as_deref(), &format!("{what}.spend"), problems),
         spend_total: budget(
             t.spend_total.as_deref(),
@@ -345,6 +367,8 @@ fn tenants(
         output_tokens: t.output_tokens,
         spend: t.spend,
         spend_total: None,
+        weight: None,
+        priority: None,
     };
     if own.requests.is_some()
         || own.tokens.is_some()
@@ -936,5 +960,64 @@ mod tests {
         assert_eq!(u.models.len(), 1);
         assert_eq!(u.models[0].name, "m1");
         assert_eq!(u.unknown_models, UnknownModels::Refuse);
+    }
+
+    #[test]
+    fn a_tiers_weight_is_1_and_its_priority_interactive_unless_said() {
+        let config = Config::from_toml(
+            r#"
+            [tiers.team]
+            requests = "60/m"
+            [tiers.nightly]
+            weight = 4
+            priority = "batch"
+            [tiers.vip]
+            weight = 1000000
+            priority = "interactive"
+            [tenants]
+            from = "key"
+            default_tier = "team"
+            "#,
+        )
+        .unwrap();
+        let tier = |name: &str| config.tenants.tiers[name].clone();
+        let shown = |t: Tier| (t.weight, t.priority, t.share_weight());
+        assert_eq!(shown(tier("team")), (1, Priority::Interactive, 10));
+        assert_eq!(shown(tier("nightly")), (4, Priority::Batch, 4));
+        assert_eq!(
+            shown(tier("vip")),
+            (1_000_000, Priority::Interactive, 10_000_000)
+        );
+    }
+
+    #[test]
+    fn a_weight_of_0_or_past_a_million_and_an_unknown_priority_are_refused() {
+        let err = Config::from_toml(
+            r#"
+            [tiers.none]
+            weight = 0
+            [tiers.negative]
+            weight = -2
+            [tiers.huge]
+            weight = 1000001
+            [tiers.urgent]
+            priority = "urgent"
+            [tenants]
+            from = "key"
+            "#,
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.0,
+            [
+                "tiers.huge.weight: 1000001; expected a whole number from 1 to 1000000 (a tier's share of a contended key, against the other tiers' weights)",
+                "tiers.negative.weight: -2; expected a whole number from 1 to 1000000 (a tier's share of a contended key, against the other tiers' weights)",
+                "tiers.none.weight: 0; expected a whole number from 1 to 1000000 (a tier's share of a contended key, against the other tiers' weights)",
+                "tiers.urgent.priority: `urgent`; expected interactive or batch",
+            ]
+        );
+        let err =
+            Config::from_toml("[tiers.x]\nweight = 1.5\n[tenants]\nfrom = \"key\"\n").unwrap_err();
+        assert!(err.to_string().contains("weight"), "{err}");
     }
 }
