@@ -170,6 +170,12 @@ pub(crate) async fn toll(exchange: &Exchange<'_>, estimate: Estimate) -> Result<
         (estimated, None, None)
     };
     refuse_unknown_model(upstream, &head, &estimated)?;
+    // A tenant's calls wait at the organisation's keys in fair order by its weight; calls with
+    // no tenant keep arrival order among themselves.
+    let estimated = match tenant {
+        Some(tenant) => estimated.with_share(shared.share_of(&tenant.name)),
+        None => estimated,
+    };
     let mut attempts = Attempts::of(&upstream.gate, estimated);
     let tenant_view = match tenant {
         Some(tenant) => tenant_toll(shared, upstream, tenant, &mut attempts).await?,

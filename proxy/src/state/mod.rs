@@ -20,7 +20,9 @@ use tollgate::http::models::Model;
 use tollgate::http::{Gate, Profile};
 use tollgate::{Limits, Registry};
 
-use crate::config::{Bounds, Config, Family, KeyPaths, LimitsFrom, TenantFrom, Tier, Upstream};
+use crate::config::{
+    Bounds, Config, Family, KeyPaths, LimitsFrom, Priority, TenantFrom, Tier, Upstream,
+};
 use crate::metrics::{Metrics, ProxyMetrics, UpstreamMetrics};
 use crate::tenant::Tenancy;
 
@@ -333,6 +335,16 @@ impl Shared {
     /// The tier a tenant is in: its own, or the default tier.
     pub(crate) fn tier(&self, tenant: &str) -> Option<&Tier> {
         self.config.tenants.tier_of(tenant)
+    }
+
+    /// How a tenant waits at the organisation's keys: its tier's weight times its priority's
+    /// factor; a tenant without a tier weighs 1, interactive.
+    pub(crate) fn share_of(&self, tenant: &str) -> tollgate::store::Share {
+        let weight = self.tier(tenant).map_or_else(
+            || Priority::Interactive.factor(),
+            crate::config::Tier::share_weight,
+        );
+        tollgate::store::Share::new(tenant, weight)
     }
 
     /// A tenant's own windows at each upstream: its tier's.
