@@ -126,6 +126,16 @@ impl ClusterLink {
             self.current.forget(number);
         }
     }
+
+    /// Whether the command that failed with `error` on connection `number` never left (its
+    /// tasks were gone): then the connection is forgotten, and a new one sends it, once.
+    fn never_left(&self, number: u64, error: &RedisError) -> bool {
+        let never = never_sent(error);
+        if never {
+            self.current.forget(number);
+        }
+        never
+    }
 }
 
 /// The master a set of sentinels names, and the connection to it while it answers.
@@ -179,42 +189,47 @@ impl SentinelLink {
             self.current.forget(number);
         }
     }
+
+    /// A command through a sentinel's master is never sent twice.
+    fn never_left(&self, _number: u64, _error: &RedisError) -> bool {
+        false
+    }
+}
+
+/// Sends a command (or pipeline) through `link`'s connection to its server, as `send` says on
+/// the connection `c`, and tells the link of a failure (which may make it connect anew at the
+/// next call). A command that never left (the link's `never_left`) goes once more, on a new
+/// connection. One way for the Sentinel's and the Cluster's links alike.
+macro_rules! through {
+    ($link:expr, |$c:ident| $send:expr) => {{
+        let link = $link;
+        let (number, mut $c) = link.connection().await?;
+        let mut result = $send.await;
+        if let Err(error) = &result {
+            if link.never_left(number, error) {
+                let (number, mut $c) = link.connection().await?;
+                result = $send.await;
+                if let Err(error) = &result {
+                    link.failed(number, error);
+                }
+            } else {
+                link.failed(number, error);
+            }
+        }
+        result
+    }};
 }
 
 impl ConnectionLike for Connection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Connection::Single(c) => c.req_packed_command(cmd),
-            Connection::Sentinel(link) => Box::pin(async move {
-                let (number, mut connection) = link.connection().await?;
-                let result = connection.req_packed_command(cmd).await;
-                if let Err(error) = &result {
-                    link.failed(number, error);
-                }
-                result
-            }),
-            Connection::Cluster(link) => Box::pin(async move {
-                let (number, mut connection) = link.connection().await?;
-                let result = connection.req_packed_command(cmd).await;
-                match &result {
-                    // The command never left: the connection's tasks were gone. A new
-                    // connection sends it, once.
-                    Err(error) if never_sent(error) => {
-                        link.current.forget(number);
-                        let (number, mut connection) = link.connection().await?;
-                        let result = connection.req_packed_command(cmd).await;
-                        if let Err(error) = &result {
-                            link.failed(number, error);
-                        }
-                        result
-                    }
-                    Err(error) => {
-                        link.failed(number, error);
-                        result
-                    }
-                    Ok(_) => result,
-                }
-            }),
+            Connection::Sentinel(link) => {
+                Box::pin(async move { through!(&**link, |c| c.req_packed_command(cmd)) })
+            }
+            Connection::Cluster(link) => {
+                Box::pin(async move { through!(&**link, |c| c.req_packed_command(cmd)) })
+            }
         }
     }
 
@@ -227,24 +242,10 @@ impl ConnectionLike for Connection {
         match self {
             Connection::Single(c) => c.req_packed_commands(pipeline, offset, count),
             Connection::Sentinel(link) => Box::pin(async move {
-                let (number, mut connection) = link.connection().await?;
-                let result = connection
-                    .req_packed_commands(pipeline, offset, count)
-                    .await;
-                if let Err(error) = &result {
-                    link.failed(number, error);
-                }
-                result
+                through!(&**link, |c| c.req_packed_commands(pipeline, offset, count))
             }),
             Connection::Cluster(link) => Box::pin(async move {
-                let (number, mut connection) = link.connection().await?;
-                let result = connection
-                    .req_packed_commands(pipeline, offset, count)
-                    .await;
-                if let Err(error) = &result {
-                    link.failed(number, error);
-                }
-                result
+                through!(&**link, |c| c.req_packed_commands(pipeline, offset, count))
             }),
         }
     }

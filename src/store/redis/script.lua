@@ -395,7 +395,7 @@ local function fast_admit()
   if REAL_CLOCK then
     redis.call('PEXPIRE', KEYS[1], expire_ms + 1)
     redis.call('PEXPIRE', KEYS[2], expire_ms + 1)
-    redis.call('PEXPIRE', KEYS[3], expire_ms + 1)
+    if queued > 0 then redis.call('PEXPIRE', KEYS[3], expire_ms + 1) end
   end
   return reply
 end
@@ -1051,7 +1051,6 @@ local function store()
   if shadow_dirty or queued == 0 then
     redis.call('HDEL', hash, 'st')
   end
-  if queued == 0 then redis.call('DEL', tenants) end
   local ql = tonumber(redis.call('HGET', hash, 'ql') or 0)
   if queued > 0 and ql - now > expire_ms then
     expire_ms = ql - now

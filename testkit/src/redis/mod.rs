@@ -45,6 +45,8 @@ const SCRIPT_INSIDE: &[&str] = &[
     "zrevrange",
     "zcard",
     "zcount",
+    "zrank",
+    "del",
     "pexpire",
     "time",
 ];
