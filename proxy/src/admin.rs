@@ -57,6 +57,58 @@ struct View {
     draining: bool,
     upstreams: Vec<UpstreamView>,
     keys: Vec<KeyView>,
+    /// Each tenant's weight, and its last minute at the organisation's keys: the configured
+    /// tenants, and `other` for the rest once one was admitted.
+    tenants: Vec<TenantView>,
+}
+
+/// A tenant at the organisation's keys (where tenants wait in fair order by weight).
+#[derive(Debug, Serialize)]
+struct TenantView {
+    tenant: String,
+    /// Its tier (`null`: none).
+    tier: Option<String>,
+    /// Its tier's `weight` (1 without a tier).
+    weight: u32,
+    /// `interactive` or `batch`.
+    priority: &'static str,
+    /// What it waits with at a key: `weight` × 10 when interactive, × 1 for batch.
+    weight_at_key: u32,
+    /// Its calls, waits and share of the tokens admitted in the last minute (`null`: none).
+    recent: Option<crate::fair::Recent>,
+}
+
+/// The tenants' weights and their last minute at the organisation's keys.
+fn tenant_views(shared: &Shared, named: &BTreeSet<String>) -> Vec<TenantView> {
+    let mut recent = shared.live.fair.recent(tokio::time::Instant::now());
+    let mut out = Vec::new();
+    let mut view = |tenant: &str, tier: Option<&crate::config::Tier>, recent| {
+        let (weight, priority) = tier.map_or((1, crate::config::Priority::Interactive), |t| {
+            (t.weight, t.priority)
+        });
+        out.push(TenantView {
+            tenant: tenant.to_owned(),
+            tier: tier.map(|t| t.name.clone()),
+            weight,
+            priority: priority.name(),
+            weight_at_key: weight.saturating_mul(priority.factor()),
+            recent,
+        });
+    };
+    for tenant in named {
+        let mine = recent.remove(tenant);
+        view(tenant, shared.tier(tenant), mine);
+    }
+    if let Some(others) = recent.remove(OTHER) {
+        let tier = shared
+            .config
+            .tenants
+            .default_tier
+            .as_ref()
+            .and_then(|t| shared.config.tenants.tiers.get(t));
+        view(OTHER, tier, Some(others));
+    }
+    out
 }
 
 #[derive(Debug, Serialize)]
@@ -397,6 +449,7 @@ async fn view(shared: &Shared) -> View {
         draining: shared.draining.load(Ordering::Relaxed),
         upstreams,
         keys,
+        tenants: tenant_views(shared, &named),
     }
 }
 

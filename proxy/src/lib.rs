@@ -42,6 +42,7 @@ pub mod config;
 mod deliver;
 mod estimate;
 mod exchange;
+mod fair;
 mod head;
 mod health;
 mod hidden;

@@ -110,6 +110,21 @@ pub(crate) async fn metered(
             Err(not) => return Err(refused(&sending, not).await),
         };
         let waited = admission.elapsed();
+        if let Some(tenant) = &exchange.tenant {
+            let label = if tenant.configured {
+                tenant.name.as_str()
+            } else {
+                crate::metrics::OTHER
+            };
+            let tokens = turn.call.cost().map_or(0, |c| c.tokens);
+            exchange.shared.live.fair.admitted(
+                Instant::now(),
+                turn.call.key(),
+                label,
+                tokens,
+                waited,
+            );
+        }
         let Some(answered) = crate::attempt::send(&mut sending, turn).await? else {
             continue;
         };

@@ -61,6 +61,8 @@ pub(crate) struct Tally {
     pub(crate) started: u64,
     /// Per upstream: the limiters of tenants not named in the configuration.
     others: Mutex<HashMap<String, HashMap<String, Limiter>>>,
+    /// Each tenant's waits and admitted tokens at the organisation's keys, lately.
+    pub(crate) fair: crate::fair::Fair,
 }
 
 impl Tally {
@@ -75,6 +77,7 @@ impl Tally {
             counts: Mutex::new(HashMap::new()),
             started: unix_ms(),
             others: Mutex::new(HashMap::new()),
+            fair: crate::fair::Fair::default(),
         }
     }
 

@@ -7,6 +7,7 @@ mod bypass;
 mod clients;
 mod common;
 mod deploy;
+mod fair;
 mod holds;
 mod hostile;
 mod operations;
