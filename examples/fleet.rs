@@ -134,7 +134,7 @@ async fn worker(
         .limits(args.limits())
         .registry(Arc::new(Registry::new(store)))
         .sync(*sync)
-        .model_foreign_spending(!args.no_model)
+        .model_spending_elsewhere(!args.no_model)
         .retries(20)
         .timeout(Some(Duration::from_secs(900)))
         .build()?;

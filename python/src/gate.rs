@@ -50,7 +50,7 @@ struct Spec {
     timeout: Timeout,
     retries: u32,
     sync: bool,
-    foreign: bool,
+    model_elsewhere: bool,
     redis: Option<String>,
 }
 
@@ -60,7 +60,7 @@ impl Spec {
         let mut builder = Gate::builder(profile)
             .retries(self.retries)
             .sync(self.sync)
-            .model_foreign_spending(self.foreign);
+            .model_spending_elsewhere(self.model_elsewhere);
         builder = match &self.limits {
             Some(limits) => builder.limits(limits.clone()),
             None => builder.limits_from_headers(Duration::from_secs(60)),
@@ -143,7 +143,7 @@ impl Answer for NewAttempts {
 #[pymethods]
 impl PyGate {
     #[new]
-    #[pyo3(signature = (profile, requests=None, tokens=None, output_tokens=None, *, from_headers=false, key=None, redis=None, timeout=None, retries=3, sync=true, model_foreign_spending=true))]
+    #[pyo3(signature = (profile, requests=None, tokens=None, output_tokens=None, *, from_headers=false, key=None, redis=None, timeout=None, retries=3, sync=true, model_spending_elsewhere=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         profile: &str,
@@ -156,7 +156,7 @@ impl PyGate {
         timeout: Option<&Bound<'_, PyAny>>,
         retries: i64,
         sync: bool,
-        model_foreign_spending: bool,
+        model_spending_elsewhere: bool,
     ) -> PyResult<PyGate> {
         self::profile(profile)?;
         let retries = u32::try_from(retries).map_err(|_| {
@@ -182,7 +182,7 @@ impl PyGate {
             timeout: values::timeout(timeout)?,
             retries,
             sync,
-            foreign: model_foreign_spending,
+            model_elsewhere: model_spending_elsewhere,
             redis,
         };
         let cell = tokio::sync::OnceCell::new();

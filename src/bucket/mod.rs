@@ -362,7 +362,7 @@ pub struct SyncArgs {
     /// The provider's `remaining`, per currency (`None`: not said).
     pub remaining: PerCurrency<Option<u64>>,
     /// Spending elsewhere to charge first, per currency (the gate's model of it).
-    pub foreign: PerCurrency<u64>,
+    pub elsewhere: PerCurrency<u64>,
     /// What of the model's earlier charges may come back, per currency, where the count shows
     /// the windows lower than it and the margin say.
     pub returnable: PerCurrency<u64>,
@@ -455,7 +455,7 @@ pub struct Synced {
 
 impl SyncArgs {
     /// A sync of the counts in `remaining` from the answer to call `flight`, charged
-    /// `charged`, with no foreign spending, no margin, and not refused.
+    /// `charged`, with no spending elsewhere, no margin, and not refused.
     pub fn new(flight: u64, charged: Cost, remaining: PerCurrency<Option<u64>>) -> SyncArgs {
         SyncArgs {
             flight,

@@ -99,7 +99,7 @@ impl Gate {
                             // The first answer is slow in coming: go without it, keeping the
                             // margin back until it comes.
                             Err(_) => {
-                                if self.inner.foreign {
+                                if self.inner.model_elsewhere {
                                     state.elsewhere.blind(&limiter).await?;
                                 }
                                 None

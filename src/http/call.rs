@@ -466,7 +466,7 @@ impl Call {
     ) -> Option<SyncArgs> {
         let gate = &self.gate.inner;
         let limits = limiter.limits();
-        let model = gate.sync && gate.foreign;
+        let model = gate.sync && gate.model_elsewhere;
         // A call never marked as sent counts as sent now.
         let sent = self.sent.unwrap_or_else(Instant::now);
         let mut args = SyncArgs {
@@ -516,11 +516,11 @@ impl Call {
             }
         }
         if model {
-            args.foreign = self.state.elsewhere.due();
+            args.elsewhere = self.state.elsewhere.due();
             args.returnable = self.state.elsewhere.returnable(sent);
         }
         let nothing = args.remaining.iter().all(|(_, r)| r.is_none())
-            && args.foreign == crate::rate::PerCurrency::default();
+            && args.elsewhere == crate::rate::PerCurrency::default();
         if nothing && !(refused && args.flight > 0) {
             self.state.elsewhere.restore(sent, args.returnable);
             return None;
@@ -553,7 +553,7 @@ impl Call {
     fn synced(&self, limiter: &Limiter, args: &SyncArgs, synced: &Synced) {
         let gate = &self.gate.inner;
         let limits = limiter.limits();
-        if !(gate.sync && gate.foreign) {
+        if !(gate.sync && gate.model_elsewhere) {
             return;
         }
         let sent = self.sent.unwrap_or_else(Instant::now);
@@ -589,7 +589,7 @@ impl Call {
             if currency == Currency::Tokens {
                 limiter
                     .meters()
-                    .foreign_rate
+                    .elsewhere_rate
                     .set(self.state.elsewhere.rate_of(currency));
             }
         }

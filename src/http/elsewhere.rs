@@ -152,7 +152,7 @@ impl Elsewhere {
             return Ok(());
         }
         let args = crate::store::SyncArgs {
-            foreign: due,
+            elsewhere: due,
             ..crate::store::SyncArgs::default()
         };
         limiter.sync(args).await.map(|_| ())

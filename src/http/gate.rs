@@ -57,7 +57,7 @@ pub(super) struct Inner {
     /// A budget every key keeps beside the limits learned from headers.
     pub(super) spend: crate::rate::Rates,
     pub(super) sync: bool,
-    pub(super) foreign: bool,
+    pub(super) model_elsewhere: bool,
     retries: u32,
     pub(super) backoff: Backoff,
     timeout: Option<Duration>,
@@ -127,7 +127,7 @@ pub struct GateBuilder {
     key_limits: HashMap<String, LimitsSource>,
     spend: crate::rate::Rates,
     sync: bool,
-    foreign: bool,
+    model_elsewhere: bool,
     retries: u32,
     backoff: Backoff,
     timeout: Option<Duration>,
@@ -257,9 +257,15 @@ impl GateBuilder {
     /// that a call admitted the moment its tokens exist here finds them there too. Without
     /// it, the windows refill at the configured rate between syncs although part of it goes
     /// to the neighbour, so calls leave early and meet 429s.
-    pub fn model_foreign_spending(mut self, model: bool) -> GateBuilder {
-        self.foreign = model;
+    pub fn model_spending_elsewhere(mut self, model: bool) -> GateBuilder {
+        self.model_elsewhere = model;
         self
+    }
+
+    /// The old name of [`model_spending_elsewhere`](GateBuilder::model_spending_elsewhere).
+    #[deprecated(note = "renamed `model_spending_elsewhere`: one name, elsewhere, for the idea")]
+    pub fn model_foreign_spending(self, model: bool) -> GateBuilder {
+        self.model_spending_elsewhere(model)
     }
 
     /// How many times an adapter sends a request again after a transient 429 (default 3).
@@ -361,7 +367,7 @@ impl GateBuilder {
                 key_limits,
                 spend: self.spend,
                 sync: self.sync,
-                foreign: self.foreign,
+                model_elsewhere: self.model_elsewhere,
                 retries: self.retries,
                 backoff: self.backoff,
                 timeout: self.timeout,
@@ -387,7 +393,7 @@ impl Gate {
             key_limits: HashMap::new(),
             spend: crate::rate::Rates::none(),
             sync: true,
-            foreign: true,
+            model_elsewhere: true,
             retries: 3,
             backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(30)),
             timeout: Some(TIMEOUT),

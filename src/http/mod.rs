@@ -84,7 +84,7 @@
 //! # Spending elsewhere
 //!
 //! Each sync also tells how much had been spent elsewhere, in all, by the time its call went
-//! out. [`GateBuilder::model_foreign_spending`] (on by default) fits a rate to those totals
+//! out. [`GateBuilder::model_spending_elsewhere`] (on by default) fits a rate to those totals
 //! (the median slope over the last 5 s) and charges the key at that rate between syncs, so
 //! that a call waiting for its turn waits as long as the provider would make it; each sync
 //! takes off only what the model missed, and gives back what it charged too much. While such

@@ -128,7 +128,7 @@ pub(crate) struct KeyMetrics {
     pub(crate) clamped: metrics::Counter,
     /// The modelled rate of spending elsewhere, in tokens a second.
     #[cfg_attr(not(feature = "http"), allow(dead_code))]
-    pub(crate) foreign_rate: metrics::Gauge,
+    pub(crate) elsewhere_rate: metrics::Gauge,
 }
 
 impl KeyMetrics {
@@ -151,7 +151,7 @@ impl KeyMetrics {
             transient_429s: metrics::counter!("tollgate_provider_429s_total", "key" => key.clone(), "kind" => "transient"),
             permanent_429s: metrics::counter!("tollgate_provider_429s_total", "key" => key.clone(), "kind" => "permanent"),
             clamped: with_key("tollgate_usage_clamped_total"),
-            foreign_rate: metrics::gauge!("tollgate_foreign_tokens_per_second", "key" => key),
+            elsewhere_rate: metrics::gauge!("tollgate_elsewhere_tokens_per_second", "key" => key),
         }
     }
 

@@ -374,7 +374,7 @@ async fn run(
         .limits(limits.clone())
         .registry(registry)
         .key(move |_, _| key.clone())
-        .model_foreign_spending(model)
+        .model_spending_elsewhere(model)
         .first_answer_wait(None)
         .timeout(Some(Duration::from_secs(30)))
         .build()

@@ -54,7 +54,7 @@ fn gate_on(registry: &Arc<Registry>, limits: &str, model: bool) -> Gate {
         .limits(Limits::parse(requests, tokens).unwrap())
         .registry(Arc::clone(registry))
         .first_answer_wait(None)
-        .model_foreign_spending(model)
+        .model_spending_elsewhere(model)
         .timeout(Some(Duration::from_secs(5)))
         .build()
         .unwrap()
@@ -269,7 +269,7 @@ async fn with_an_honest_provider_and_no_neighbour_the_windows_do_not_drift() {
         "{seen:?}"
     );
     assert_eq!(
-        seen.get("tollgate_foreign_tokens_per_second"),
+        seen.get("tollgate_elsewhere_tokens_per_second"),
         Some(&0.0),
         "{seen:?}"
     );

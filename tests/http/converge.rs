@@ -401,7 +401,7 @@ fn gate_on(registry: &Arc<Registry>, profile: Profile, limits: Limits) -> Gate {
         .limits(limits)
         .registry(Arc::clone(registry))
         .first_answer_wait(None)
-        .model_foreign_spending(false)
+        .model_spending_elsewhere(false)
         .estimate_margin(tollgate::Margin::NONE)
         .retries(10)
         .timeout(Some(Duration::from_secs(600)))

@@ -79,7 +79,7 @@ async fn calls_in_flight_at_a_sync_are_neither_lost_nor_counted_twice() {
         .estimate_margin(tollgate::Margin::NONE)
         .registry(Arc::clone(&registry))
         .first_answer_wait(None)
-        .model_foreign_spending(false)
+        .model_spending_elsewhere(false)
         .build()
         .unwrap();
     // Three calls sent in order, 300 ms apart: a, b, c.
@@ -364,7 +364,7 @@ async fn a_gate_forgets_keys_no_call_holds() {
         .registry(Arc::clone(&registry))
         .key(|head, _| head.uri.path().to_owned())
         // No blind margin when the first answer is late: the levels below are the calls'.
-        .model_foreign_spending(false)
+        .model_spending_elsewhere(false)
         .build()
         .unwrap();
     // The key's first call goes alone: it holds the key's turn until its answer comes (or a
@@ -480,7 +480,7 @@ async fn refused_with(
         .estimate_margin(tollgate::Margin::NONE)
         .registry(Arc::clone(&registry))
         .first_answer_wait(None)
-        .model_foreign_spending(false)
+        .model_spending_elsewhere(false)
         .build()
         .unwrap();
     let head = http::Request::post(format!("http://provider.invalid{path}"))
@@ -593,7 +593,7 @@ async fn a_sync_leaves_out_calls_sent_within_250_ms_of_its_call() {
             .estimate_margin(tollgate::Margin::NONE)
             .registry(Arc::clone(&registry))
             .first_answer_wait(None)
-            .model_foreign_spending(false)
+            .model_spending_elsewhere(false)
             .build()
             .unwrap();
         let mut first = admit(&gate, &chat(300, 100)).await;

@@ -25,7 +25,7 @@ fn gate(profile: Profile, limits: Limits, registry: &Arc<Registry>) -> Gate {
         .limits(limits)
         .registry(Arc::clone(registry))
         .first_answer_wait(None)
-        .model_foreign_spending(false)
+        .model_spending_elsewhere(false)
         .build()
         .unwrap()
 }

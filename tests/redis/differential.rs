@@ -247,7 +247,7 @@ fn operation(rng: &mut Lcg, limits: &Limits, calls: &[Held]) -> (Op, Option<usiz
             let mut args = SyncArgs::new(flight, charged, PerCurrency::splat(None));
             for i in Currency::ALL {
                 args.remaining[i] = maybe(rng, 600);
-                args.foreign[i] = if rng.below(3) == 0 { rng.below(50) } else { 0 };
+                args.elsewhere[i] = if rng.below(3) == 0 { rng.below(50) } else { 0 };
                 args.returnable[i] = rng.below(100);
                 args.margin[i] = if rng.below(2) == 0 { rng.below(40) } else { 0 };
                 args.margin_if_above[i] = rng.below(2) == 0;

@@ -73,7 +73,7 @@ mod gates {
             .limits(limits.clone())
             .registry(Arc::new(Registry::new(store)))
             .first_answer_wait(None)
-            .model_foreign_spending(false)
+            .model_spending_elsewhere(false)
             .build()
             .unwrap()
     }

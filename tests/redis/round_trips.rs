@@ -41,7 +41,7 @@ async fn gate_on(url: &str) -> (Arc<Registry>, Gate) {
         .registry(Arc::clone(&registry))
         .first_answer_wait(None)
         // No margin below the provider's counts: the windows come to them exactly.
-        .model_foreign_spending(false)
+        .model_spending_elsewhere(false)
         .timeout(Some(Duration::from_secs(10)))
         .build()
         .unwrap();

@@ -172,12 +172,12 @@ impl KeyState {
         let now = self.refilled(limits, now);
         self.add_delta(
             limits,
-            args.foreign.map(|t| -saturate::<_, i64>(i128::from(t))),
+            args.elsewhere.map(|t| -saturate::<_, i64>(i128::from(t))),
         );
         if let Some(flights) = self.flights.as_deref_mut() {
             for c in Currency::ALL {
                 flights.corrected[c] = flights.corrected[c]
-                    .saturating_add(saturate::<_, i64>(i128::from(args.foreign[c])));
+                    .saturating_add(saturate::<_, i64>(i128::from(args.elsewhere[c])));
             }
         }
         let found = self

@@ -31,7 +31,7 @@
 --             refusal: the provider's pause in ms (-1: none, and nothing follows), the refused
 --             call's flight (0: none), what it needed (4) and what went out after it (4)
 --   lower     currency, remaining tokens
---   sync      flight, charged (4), remaining (4, -1: not said), foreign (4), returnable (4),
+--   sync      flight, charged (4), remaining (4, -1: not said), elsewhere (4), returnable (4),
 --             margin (4), margin only where more is found (4, 0 or 1), refused (0: no; 16 +
 --             the mask of the currencies given back), counted after (ms after the call went out)
 --             and then, to settle the call as done in the same step: 1, used (4, -1: as charged)
@@ -1452,7 +1452,7 @@ elseif op == 'sync' then
   local id = int(ARGV[args + 1], 0, MAX)
   local charged = cost_args(args + 2, 0)
   local remaining = cost_args(args + 2 + NC, -1)
-  local foreign = cost_args(args + 2 + 2 * NC, 0)
+  local elsewhere = cost_args(args + 2 + 2 * NC, 0)
   local returnable = cost_args(args + 2 + 3 * NC, 0)
   local margin = cost_args(args + 2 + 4 * NC, 0)
   local if_more = cost_args(args + 2 + 5 * NC, 0)
@@ -1461,7 +1461,7 @@ elseif op == 'sync' then
   local refused = int(ARGV[args + 2 + 6 * NC], 0, 31)
   -- How long after the call went out the provider counted it, in ms.
   local counted_after = int(ARGV[args + 3 + 6 * NC], 0, MAX)
-  if id == nil or charged == nil or remaining == nil or foreign == nil or returnable == nil
+  if id == nil or charged == nil or remaining == nil or elsewhere == nil or returnable == nil
     or margin == nil or if_more == nil or refused == nil or counted_after == nil then
     return fail('bad sync')
   end
@@ -1477,11 +1477,11 @@ elseif op == 'sync' then
     if if_more[c] > 1 then return fail('bad sync') end
   end
   local taken = {}
-  for c = 1, NC do taken[c] = -foreign[c] end
+  for c = 1, NC do taken[c] = -elsewhere[c] end
   apply(taken)
   local tracked = ffirst < fnext
   if tracked then
-    for c = 1, NC do corrected[c] = corrected[c] + foreign[c] end
+    for c = 1, NC do corrected[c] = corrected[c] + elsewhere[c] end
     flights_changed = true
   end
   local f = read_flight(id)

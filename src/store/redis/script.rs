@@ -173,7 +173,7 @@ pub(super) fn op_args(op: &Op, limits: &crate::rate::Limits) -> (&'static str, V
             let mut args = vec![amount(sync.flight)];
             args.extend(sync.charged.per_currency().map(amount).values());
             args.extend(sync.remaining.map(maybe).values());
-            args.extend(sync.foreign.map(amount).values());
+            args.extend(sync.elsewhere.map(amount).values());
             args.extend(sync.returnable.map(amount).values());
             args.extend(sync.margin.map(amount).values());
             args.extend(sync.margin_if_above.map(flag).values());
