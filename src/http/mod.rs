@@ -57,8 +57,8 @@
 //!    waits for its settlement, and both take one step of the store (one round trip to Redis).
 //! 3. **After the body**: the permit settles with the usage the body (or the stream's events)
 //!    reported: an overestimate is refunded, a shortfall charged. A shortfall the provider had
-//!    already counted when a sync or a 429 took it off is drawn from that correction, never
-//!    charged twice, and only up to what the correction held. An answer that reports no output
+//!    already counted when a sync or a 429 took it off is drawn from what they took off (the
+//!    *cover*), never charged twice, and only up to what the cover held. An answer that reports no output
 //!    count keeps its reservation, or is charged the output counted from the text it generated
 //!    (content, tool-call arguments, reasoning, refusals, transcripts) if that is more: it is
 //!    never read as "nothing was written". Usage no request could have produced (output past
