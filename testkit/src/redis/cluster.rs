@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::port::free_port;
+use super::port::{free_port, is_process};
 
 pub struct Node {
     pub port: u16,
@@ -177,7 +177,7 @@ impl RedisCluster {
             .map_or(0, std::process::Child::id);
         let deadline = Instant::now() + Duration::from_secs(10);
         // Our server, not another that took the port (its process id says so).
-        while !super::server::is_process(&self.node_cli(port, &["INFO", "server"]), pid) {
+        while !is_process(&self.node_cli(port, &["INFO", "server"]), pid) {
             let ended = self.nodes[i]
                 .child
                 .as_mut()

@@ -1,4 +1,5 @@
-//! Free loopback ports for the servers the tests start.
+//! Free loopback ports for the servers the tests start, and whether the server that answers on
+//! one is the process the test started (another test may have taken the port).
 
 use std::net::TcpListener;
 
@@ -8,4 +9,10 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free loopback port")
+}
+
+/// Whether an `INFO server` reply is from process `pid`.
+pub(super) fn is_process(info: &str, pid: u32) -> bool {
+    let line = format!("process_id:{pid}");
+    info.lines().any(|l| l.trim() == line)
 }

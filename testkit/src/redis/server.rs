@@ -6,7 +6,7 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 
-use super::port::free_port;
+use super::port::{free_port, is_process};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -289,10 +289,4 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
     }
-}
-
-/// Whether an `INFO server` reply is from process `pid`.
-pub(super) fn is_process(info: &str, pid: u32) -> bool {
-    let line = format!("process_id:{pid}");
-    info.lines().any(|l| l.trim() == line)
 }
