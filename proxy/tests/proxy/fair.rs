@@ -220,3 +220,57 @@ async fn tenants_the_configuration_does_not_name_are_shown_together_as_other() {
     let series = format!(r#"tollgate_wait_seconds_count{{key="{name}",tenant="other"}}"#);
     assert_eq!(metric(&metrics, &series), Some(2.0), "{metrics}");
 }
+
+/// A reload carries new weights and priorities: the next call waits with them, and the live
+/// view shows them at once.
+#[tokio::test]
+async fn a_reload_carries_a_tiers_new_weight_and_priority() {
+    let upstream = Scripted::start(|_, _| json_response(200, &[], &chat_answer(3, 2))).await;
+    let running = fair_proxy("fair-reload", &upstream.url()).await;
+    let weights = |view: &Value| -> Vec<Value> {
+        view["tenants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| json!([t["tenant"], t["weight"], t["priority"], t["weight_at_key"]]))
+            .collect()
+    };
+    assert_eq!(
+        weights(&view(&running).await),
+        [
+            json!(["noisy", 3, "batch", 3]),
+            json!(["quiet", 1, "interactive", 10])
+        ]
+    );
+    let text = format!(
+        r#"
+        admin_listen = "127.0.0.1:0"
+        [tiers.wide]
+        weight = 7
+        [tiers.narrow]
+        weight = 2
+        priority = "batch"
+        [tenants]
+        from = "header:x-team"
+        trusted_network = true
+        tier_of = {{ noisy = "wide", quiet = "narrow" }}
+        [[upstream]]
+        name = "fair-reload"
+        url = "{}"
+        profile = "openai"
+        per_model = false
+        requests = "5/5s"
+        "#,
+        upstream.url()
+    );
+    let mut config = tollgate_proxy::Config::from_toml(&text).unwrap();
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    running.reloader.reload(config).await.unwrap();
+    assert_eq!(
+        weights(&view(&running).await),
+        [
+            json!(["noisy", 7, "interactive", 70]),
+            json!(["quiet", 2, "batch", 2])
+        ]
+    );
+}

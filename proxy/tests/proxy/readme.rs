@@ -18,7 +18,7 @@ fn toml_blocks() -> Vec<String> {
 #[tokio::test]
 async fn the_readmes_configuration_starts_a_proxy() {
     let blocks = toml_blocks();
-    assert_eq!(blocks.len(), 3);
+    assert_eq!(blocks.len(), 4);
     let text = format!("{}\n{}", blocks[0], blocks[1]);
     let config = Config::from_toml(&text).unwrap_or_else(|e| panic!("{e}"));
     let names: Vec<&str> = config.upstreams.iter().map(|u| u.name.as_str()).collect();
@@ -43,6 +43,11 @@ async fn the_readmes_organisation_starts_a_proxy() {
     let config = Config::from_toml(&text).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(config.tenants.tiers.len(), 2);
     assert_eq!(config.tenants.tier_of("nightly").unwrap().name, "batch");
+    assert_eq!(
+        config.tenants.tier_of("nightly").unwrap().share_weight(),
+        1,
+        "a batch tier of weight 1"
+    );
     assert_eq!(config.tenants.tier_of("alice").unwrap().name, "team");
     assert_eq!(config.upstreams[0].models.len(), 3);
     assert_eq!(config.pools[0].members, ["azure-east", "azure-west"]);
@@ -55,4 +60,13 @@ async fn the_readmes_organisation_starts_a_proxy() {
         let config = Config::from_toml(example).unwrap_or_else(|e| panic!("{e}"));
         assert!(config.upstreams[0].models.len() >= 4);
     }
+}
+
+#[tokio::test]
+async fn the_readmes_fair_share_tiers_weigh_as_it_says() {
+    let blocks = toml_blocks();
+    let config = Config::from_toml(&blocks[3]).unwrap_or_else(|e| panic!("{e}"));
+    let weight = |tenant: &str| config.tenants.tier_of(tenant).unwrap().share_weight();
+    assert_eq!(weight("reports"), 1, "weight 1, batch");
+    assert_eq!(weight("anyone"), 20, "weight 2, interactive");
 }
