@@ -87,6 +87,10 @@ local NC = 4
 -- one, so keeping it changes no decision; expiring it on the server's clock while the caller's
 -- has barely moved would empty it of what it still holds).
 local REAL_CLOCK = ARGV[3] == ''
+-- How much longer than it must the fast path keeps a key alive when it renews its expiry, in
+-- ms: the calls of that second then need not renew it (a key past its expiry is a full one, so
+-- living longer changes no decision).
+local EXPIRY_SPARE = 1000
 
 -- The fast path: an acquire that passes at once, on a key where nobody waits, no pause is in
 -- force, nothing is pending and no call in flight is remembered, and that is not itself a call
@@ -137,8 +141,11 @@ local function fast_acquire()
     if not (v and v >= -1 and v <= MAX and v % 1 == 0) then return nil end
   end
   if ARGV[a + NC + 2] ~= '0' then return nil end
+  -- The fair step and the tenant (unused: nobody waits), checked as the full path checks them.
+  v = tonumber(ARGV[a + NC + 3])
+  if not (v and v >= 1 and v <= MAX and v % 1 == 0) or ARGV[a + NC + 4] == nil then return nil end
   local got = redis.call('HMGET', KEYS[1], 'sig', 't', 'p', 'st', 'fn', 'pq1', 'pq2', 'pq3',
-    'pq4', 'l1', 'l2', 'l3', 'l4')
+    'pq4', 'l1', 'l2', 'l3', 'l4', 'x')
   -- A conflict, a shadow (someone waits), or a ledger of calls in flight: the full path's.
   if got[1] and got[1] ~= ARGV[2] or got[4] or got[5] then return nil end
   for j = 6, 9 do
@@ -225,7 +232,17 @@ local function fast_acquire()
     redis.call('HSET', KEYS[1], 'sig', ARGV[2], 't', now, 'l1', lv[1], 'l2', lv[2], 'l3', lv[3],
       'l4', lv[4])
   end
-  if REAL_CLOCK then redis.call('PEXPIRE', KEYS[1], expire_ms + 1) end
+  -- The key must live at least until then: renewed only when it would not (`x`, when it
+  -- expires, as last set), with a second to spare, so that the calls of the next second need
+  -- not renew it. (Living a little longer changes nothing: a key past its expiry is a full one.)
+  if REAL_CLOCK then
+    local x = tonumber(got[14] or 0)
+    if not x or now + expire_ms + 1 > x then
+      local ttl = expire_ms + 1 + EXPIRY_SPARE
+      redis.call('PEXPIRE', KEYS[1], ttl)
+      redis.call('HSET', KEYS[1], 'x', now + ttl)
+    end
+  end
   return {'ok', now, 'fast'}
 end
 
@@ -394,6 +411,7 @@ local function fast_admit()
   end
   if REAL_CLOCK then
     redis.call('PEXPIRE', KEYS[1], expire_ms + 1)
+    redis.call('HSET', KEYS[1], 'x', now + expire_ms + 1)
     redis.call('PEXPIRE', KEYS[2], expire_ms + 1)
     if queued > 0 then redis.call('PEXPIRE', KEYS[3], expire_ms + 1) end
   end
@@ -1046,11 +1064,7 @@ local function store()
       if fill > expire_ms then expire_ms = fill end
     end
   end
-  redis.call('HSET', hash, unpack(out))
   local queued = redis.call('ZCARD', queue)
-  if shadow_dirty or queued == 0 then
-    redis.call('HDEL', hash, 'st')
-  end
   local ql = tonumber(redis.call('HGET', hash, 'ql') or 0)
   if queued > 0 and ql - now > expire_ms then
     expire_ms = ql - now
@@ -1058,6 +1072,15 @@ local function store()
   if ffirst < fnext and not flights_gone then
     local fa = tonumber(redis.call('HGET', hash, 'fa') or now)
     if fa + FLIGHT_LEASE - now > expire_ms then expire_ms = fa + FLIGHT_LEASE - now end
+  end
+  if REAL_CLOCK then
+    -- When the key expires, as the fast path reads it (it renews the expiry only when it must).
+    table.insert(out, 'x')
+    table.insert(out, fmt(now + expire_ms + 1))
+  end
+  redis.call('HSET', hash, unpack(out))
+  if shadow_dirty or queued == 0 then
+    redis.call('HDEL', hash, 'st')
   end
   -- The key lives until its windows would be full again and no ticket or call in flight can
   -- still be claimed: then it carries no information.
