@@ -25,23 +25,6 @@ pub(crate) struct RateHeader {
 
 /// Every currency the profile names that the headers speak of, in the profile's order.
 /// Unreadable values are left out (`None`), never guessed.
-///
-/// ```
-/// use std::time::{Duration, SystemTime};
-/// use http::HeaderMap;
-/// use tollgate::Currency;
-/// use tollgate::http::{Profile, rate_headers};
-///
-/// let mut headers = HeaderMap::new();
-/// headers.insert("x-ratelimit-limit-tokens", "30000".parse().unwrap());
-/// headers.insert("x-ratelimit-remaining-tokens", "29100".parse().unwrap());
-/// headers.insert("x-ratelimit-reset-tokens", "1.8s".parse().unwrap());
-/// let read = rate_headers(&Profile::openai(), &headers, SystemTime::now());
-/// assert_eq!(read.len(), 1);
-/// assert_eq!(read[0].currency, Currency::Tokens);
-/// assert_eq!(read[0].remaining, Some(29_100));
-/// assert_eq!(read[0].reset, Some(Duration::from_millis(1_800)));
-/// ```
 pub(crate) fn rate_headers(
     profile: &Profile,
     headers: &HeaderMap,
@@ -98,16 +81,6 @@ fn reset(form: ResetForm, text: &str, now: SystemTime) -> Option<Duration> {
 
 /// A Go-style duration as OpenAI writes its resets: `6m0s`, `1s`, `20ms`, `1h2m3.5s`, `250us`;
 /// clamped to [`MAX_RETRY_AFTER`], rounded up to the nanosecond.
-///
-/// ```
-/// use std::time::Duration;
-/// use tollgate::http::go_duration;
-///
-/// assert_eq!(go_duration("6m0s"), Some(Duration::from_secs(360)));
-/// assert_eq!(go_duration("20ms"), Some(Duration::from_millis(20)));
-/// assert_eq!(go_duration("1h2m3.5s"), Some(Duration::from_millis(3_723_500)));
-/// assert_eq!(go_duration("soon"), None);
-/// ```
 pub(crate) fn go_duration(text: &str) -> Option<Duration> {
     let mut rest = text.trim();
     if rest.is_empty() {
@@ -169,18 +142,6 @@ pub(crate) fn go_duration(text: &str) -> Option<Duration> {
 
 /// The pause a response asks for: `retry-after-ms` (milliseconds, as OpenAI and Azure send
 /// it), else `retry-after` (seconds or an HTTP date); clamped to [`MAX_RETRY_AFTER`].
-///
-/// ```
-/// use std::time::{Duration, SystemTime};
-/// use http::HeaderMap;
-/// use tollgate::http::retry_pause;
-///
-/// let mut headers = HeaderMap::new();
-/// headers.insert("retry-after", "2".parse().unwrap());
-/// assert_eq!(retry_pause(&headers, SystemTime::now()), Some(Duration::from_secs(2)));
-/// headers.insert("retry-after-ms", "1250".parse().unwrap());
-/// assert_eq!(retry_pause(&headers, SystemTime::now()), Some(Duration::from_millis(1_250)));
-/// ```
 pub(crate) fn retry_pause(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     if let Some(ms) = text("retry-after-ms").and_then(milliseconds) {
@@ -395,6 +356,61 @@ mod writing {
         assert_eq!(
             write_rfc3339(epoch + Duration::from_millis(1_796_256_000_001)),
             "2026-12-03T00:00:01Z"
+        );
+    }
+}
+
+#[cfg(test)]
+mod documented {
+    #[test]
+    fn rate_headers_reads_as_documented() {
+        use crate::Currency;
+        use crate::http::Profile;
+        use crate::http::headers::rate_headers;
+        use http::HeaderMap;
+        use std::time::{Duration, SystemTime};
+
+        let mut headers = HeaderMap::new();
+        headers.insert("x-ratelimit-limit-tokens", "30000".parse().unwrap());
+        headers.insert("x-ratelimit-remaining-tokens", "29100".parse().unwrap());
+        headers.insert("x-ratelimit-reset-tokens", "1.8s".parse().unwrap());
+        let read = rate_headers(&Profile::openai(), &headers, SystemTime::now());
+        assert_eq!(read.len(), 1);
+        assert_eq!(read[0].currency, Currency::Tokens);
+        assert_eq!(read[0].remaining, Some(29_100));
+        assert_eq!(read[0].reset, Some(Duration::from_millis(1_800)));
+    }
+
+    #[test]
+    fn go_duration_reads_as_documented() {
+        use crate::http::headers::go_duration;
+        use std::time::Duration;
+
+        assert_eq!(go_duration("6m0s"), Some(Duration::from_secs(360)));
+        assert_eq!(go_duration("20ms"), Some(Duration::from_millis(20)));
+        assert_eq!(
+            go_duration("1h2m3.5s"),
+            Some(Duration::from_millis(3_723_500))
+        );
+        assert_eq!(go_duration("soon"), None);
+    }
+
+    #[test]
+    fn retry_pause_reads_as_documented() {
+        use crate::http::headers::retry_pause;
+        use http::HeaderMap;
+        use std::time::{Duration, SystemTime};
+
+        let mut headers = HeaderMap::new();
+        headers.insert("retry-after", "2".parse().unwrap());
+        assert_eq!(
+            retry_pause(&headers, SystemTime::now()),
+            Some(Duration::from_secs(2))
+        );
+        headers.insert("retry-after-ms", "1250".parse().unwrap());
+        assert_eq!(
+            retry_pause(&headers, SystemTime::now()),
+            Some(Duration::from_millis(1_250))
         );
     }
 }

@@ -11,16 +11,6 @@ use super::headers::go_duration;
 /// error may sit at the top (`{"error": {...}}`) or in a list of one, as Gemini's
 /// OpenAI-compatible endpoint sends it. `None` for any other body, or a delay that can't be
 /// read.
-///
-/// ```
-/// use std::time::Duration;
-/// use tollgate::http::retry_info_delay;
-///
-/// let body = br#"{"error": {"code": 429, "status": "RESOURCE_EXHAUSTED",
-///   "details": [{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "37s"}]}}"#;
-/// assert_eq!(retry_info_delay(body), Some(Duration::from_secs(37)));
-/// assert_eq!(retry_info_delay(b"not json"), None);
-/// ```
 pub(crate) fn retry_info_delay(body: &[u8]) -> Option<Duration> {
     let value: Value = serde_json::from_slice(body).ok()?;
     let error = match &value {
@@ -86,5 +76,19 @@ mod tests {
         }
         assert_eq!(retry_info_delay(&body("-3s")), None);
         assert_eq!(retry_info_delay(&body("soon")), None);
+    }
+}
+
+#[cfg(test)]
+mod documented {
+    #[test]
+    fn retry_info_delay_reads_as_documented() {
+        use crate::http::retry_info::retry_info_delay;
+        use std::time::Duration;
+
+        let body = br#"{"error": {"code": 429, "status": "RESOURCE_EXHAUSTED",
+          "details": [{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "37s"}]}}"#;
+        assert_eq!(retry_info_delay(body), Some(Duration::from_secs(37)));
+        assert_eq!(retry_info_delay(b"not json"), None);
     }
 }

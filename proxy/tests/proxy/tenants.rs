@@ -61,18 +61,20 @@ async fn quiet_latency(tenant_windows: bool) -> Duration {
 
 #[tokio::test]
 async fn a_noisy_tenant_does_not_starve_the_others() {
-    // Organization: 10 requests a second. Without tenant windows, the noisy tenant's 30 calls
-    // take the burst and queue ahead: the quiet tenant's calls wait behind ~20 of them (2 s).
-    // With 5 a second each, the noisy one holds at most its own 5 of the organization's 10,
-    // and the quiet one's 3 calls pass at once.
+    // Organization: 10 requests a second. With 5 a second each, the noisy one holds at most
+    // its own 5 of the organization's 10, and the quiet one's 3 calls pass at once. Without
+    // tenant windows, the noisy tenant's 30 calls take the burst and queue at the
+    // organization's key: in arrival order the quiet calls would wait behind ~20 of them
+    // (2 s); in the fair order each waits behind about one noisy call per quiet call ahead of
+    // it, so the third passes after about 6 calls (0.6 s).
     let (with, without) = (quiet_latency(true).await, quiet_latency(false).await);
     assert!(
         with < Duration::from_millis(300),
         "with tenant windows: {with:?}"
     );
     assert!(
-        without > Duration::from_millis(1_500),
-        "without: {without:?}"
+        without < Duration::from_millis(1_200),
+        "without tenant windows, in the fair order: {without:?}"
     );
 }
 
