@@ -143,7 +143,7 @@ impl Answer for NewAttempts {
 #[pymethods]
 impl PyGate {
     #[new]
-    #[pyo3(signature = (profile, requests=None, tokens=None, output_tokens=None, *, from_headers=false, key=None, redis=None, timeout=None, retries=3, sync=true, model_spending_elsewhere=true))]
+    #[pyo3(signature = (profile, requests=None, tokens=None, output_tokens=None, *, from_headers=false, key=None, redis=None, timeout=None, retries=3, sync=true, model_spending_elsewhere=true, model_foreign_spending=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         profile: &str,
@@ -157,7 +157,10 @@ impl PyGate {
         retries: i64,
         sync: bool,
         model_spending_elsewhere: bool,
+        model_foreign_spending: Option<bool>,
     ) -> PyResult<PyGate> {
+        // The keyword's old name, kept for the callers written before the rename.
+        let model_spending_elsewhere = model_foreign_spending.unwrap_or(model_spending_elsewhere);
         self::profile(profile)?;
         let retries = u32::try_from(retries).map_err(|_| {
             value_error(format!(

@@ -66,7 +66,13 @@ impl std::hash::Hash for Ticket {
 /// When calls of several tenants wait at the same key, the key's capacity goes to them in
 /// proportion to their weights (weighted fair queueing by cost, see [`Op::Acquire`]); within a
 /// tenant, calls pass in arrival order. A tenant alone at a key gets all of it, and calls
-/// without a share are one tenant of weight 1.
+/// without a share are one tenant of weight 1, apart from every named one (the empty name
+/// too).
+///
+/// A tenant is known at the key by a 64-bit digest of its name (the first 8 bytes of its
+/// SHA-256), the same in every process and on every machine, so a fleet sharing a key through
+/// Redis shares one fair order; a name of any length costs the key 8 bytes. The weight goes
+/// with each call: two calls of one tenant with different weights each take their own step.
 ///
 /// ```
 /// use tollgate::store::Share;
@@ -79,23 +85,50 @@ impl std::hash::Hash for Ticket {
 ///
 /// One pointer wide, so that an operation carrying it stays small.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Share(std::sync::Arc<(Box<str>, u32)>);
+pub struct Share(std::sync::Arc<ShareData>);
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct ShareData {
+    tenant: Box<str>,
+    weight: u32,
+    id: u64,
+}
 
 impl Share {
     /// The share of `tenant`, of `weight` (at least 1; larger is a larger share).
     pub fn new(tenant: impl Into<Box<str>>, weight: u32) -> Share {
-        Share(std::sync::Arc::new((tenant.into(), weight.max(1))))
+        let tenant = tenant.into();
+        let id = tenant_id(&tenant);
+        Share(std::sync::Arc::new(ShareData {
+            tenant,
+            weight: weight.max(1),
+            id,
+        }))
     }
 
     /// The tenant's name.
     pub fn tenant(&self) -> &str {
-        &self.0.0
+        &self.0.tenant
     }
 
     /// The tenant's weight (at least 1).
     pub fn weight(&self) -> u32 {
-        self.0.1
+        self.0.weight
     }
+
+    /// The tenant as the key knows it (never 0: that is the key's own calls, without a share).
+    pub(crate) fn id(&self) -> u64 {
+        self.0.id
+    }
+}
+
+/// The tenant `name` as a key knows it: the first 8 bytes of its SHA-256, big-endian, never 0.
+fn tenant_id(name: &str) -> u64 {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(name.as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    u64::from_be_bytes(first).max(1)
 }
 
 /// One state transition of a key.

@@ -20,6 +20,15 @@ pub(crate) struct Place {
     pub(crate) promise: bool,
     /// Its place in the fair order: the queue is sorted by tag, then by id.
     pub(crate) tag: u64,
+    /// Its tenant ([`Share`](super::op::Share)'s id; 0: the key's own calls).
+    pub(crate) tenant: u64,
+}
+
+/// A tenant with tickets waiting: the tag of its last ticket, and how many wait.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Waiting {
+    pub(crate) tag: u64,
+    pub(crate) tickets: u32,
 }
 
 #[derive(Debug)]
@@ -35,8 +44,10 @@ pub(crate) struct Queue {
     pub(crate) floor: u64,
     /// The id of the last ticket issued (ids grow in the order tickets are issued).
     pub(crate) last_id: u64,
-    /// Each tenant's last tag, while anyone waits (emptied when a ticket finds nobody waiting).
-    pub(crate) tenants: HashMap<Box<str>, u64>,
+    /// The tenants with tickets waiting: each one's last tag and how many wait. A tenant whose
+    /// last ticket left (passed, given up, lapsed) is forgotten, so its next call starts from
+    /// the head, as a tenant with nothing waiting should.
+    pub(crate) tenants: HashMap<u64, Waiting>,
     /// Every ticket went in at the back since the queue was last empty: ids are in order too.
     pub(crate) by_id: bool,
 }
@@ -77,7 +88,20 @@ impl Queue {
 
     pub(crate) fn remove(&mut self, index: usize) {
         if let Some(ticket) = self.tickets.remove(index) {
-            self.pending = sub(self.pending, ticket.cost);
+            self.left(&ticket);
+        }
+    }
+
+    /// `ticket` left the queue: what it would have paid, and its tenant's count, go with it.
+    pub(crate) fn left(&mut self, ticket: &Place) {
+        self.pending = sub(self.pending, ticket.cost);
+        if let std::collections::hash_map::Entry::Occupied(mut entry) =
+            self.tenants.entry(ticket.tenant)
+        {
+            entry.get_mut().tickets = entry.get().tickets.saturating_sub(1);
+            if entry.get().tickets == 0 {
+                entry.remove();
+            }
         }
     }
 
@@ -92,13 +116,13 @@ impl Queue {
     /// The tag of a ticket of `tenant` whose fair step is `step`, and its place: behind every
     /// ticket of a tag up to its own (see [`Op::Acquire`](super::op::Op::Acquire)). With nobody
     /// waiting, the tenants' tags start again from 0.
-    pub(crate) fn fair_place(&mut self, tenant: &str, step: u64) -> (u64, usize) {
+    pub(crate) fn fair_place(&mut self, tenant: u64, step: u64) -> (u64, usize) {
         if self.tickets.is_empty() {
             self.tenants.clear();
             self.by_id = true;
         }
         let head = self.tickets.front().map_or(0, |t| t.tag);
-        let last = self.tenants.get(tenant).copied().unwrap_or(0);
+        let last = self.tenants.get(&tenant).map_or(0, |w| w.tag);
         let tag = head.max(last).saturating_add(step).min(MAX_TAG);
         let at = self.tickets.partition_point(|t| t.tag <= tag);
         (tag, at)
@@ -106,11 +130,16 @@ impl Queue {
 
     /// Puts `place` of `tenant` at `at` (from [`fair_place`](Queue::fair_place)), counting
     /// what it will pay.
-    pub(crate) fn insert(&mut self, at: usize, tenant: &str, place: Place) {
+    pub(crate) fn insert(&mut self, at: usize, place: Place) {
         if at < self.tickets.len() {
             self.by_id = false;
         }
-        self.tenants.insert(tenant.into(), place.tag);
+        let waiting = self
+            .tenants
+            .entry(place.tenant)
+            .or_insert(Waiting { tag: 0, tickets: 0 });
+        waiting.tag = place.tag;
+        waiting.tickets += 1;
         self.last_id = self.last_id.max(place.id);
         self.pending = add(self.pending, place.cost);
         self.tickets.insert(at, place);

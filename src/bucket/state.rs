@@ -18,7 +18,7 @@ mod ledger;
 use super::flights::Flights;
 use super::op::Outcome;
 use super::op::{Share, Ticket};
-use super::queue::{Place, Queue, add, fair_step, scale, sub};
+use super::queue::{Place, Queue, add, fair_step, scale};
 use super::window::{Levels, Window, windows};
 use super::{
     Available, BucketError, Delta, MAX_QUEUE, Nanos, SCAN_AHEAD, SyncArgs, Synced, saturate,
@@ -181,7 +181,7 @@ impl KeyState {
     }
 
     /// How many tickets wait behind ticket `id` (`None`: it does not wait).
-    #[cfg(feature = "testing")]
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn behind(&self, id: u64) -> Option<usize> {
         let queue = self.queue.as_ref()?;
         queue.find(id).map(|at| queue.tickets.len() - at - 1)

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use crate::support::{adjust_at, penalize_at, snapshot_at, try_at};
 use tollgate::store::redis::{RedisConfig, RedisStore};
 use tollgate::testing::Recording;
-use tollgate::{Available, Cost, Error, Limiter, Limits, ManualClock, MemoryStore, testing};
+use tollgate::{Available, Cost, Error, Limiter, Limits, ManualClock, MemoryStore, Store, testing};
 use tollgate_testkit::Lcg;
 use tollgate_testkit::redis::RedisServer;
 use tollgate_testkit::stores::{Decision, snapshot_now, try_now};
@@ -240,6 +240,44 @@ fn keys_expire_when_their_buckets_are_full_again() {
             .unwrap();
         assert!((24_000..=25_001).contains(&ttl), "PTTL {ttl}");
         assert_eq!(hash, "{8:tollgate:expiring}");
+    });
+}
+
+#[test]
+fn a_key_lives_until_the_charges_of_the_tickets_waiting_have_refilled() {
+    // A promised ticket's holder passes by reading its record, and its charge waits for the
+    // key's next operation: the key must still be there then. At 1 request per 2 s, burst 1:
+    // one call takes the burst, the next is promised for 2 s from now. The key holds what
+    // both take until 4 s from now, so it lives that long (not the 3 s of the ticket's due
+    // time and lease, after which a third call would find a fresh burst).
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let store = connect(&server).await;
+        let limits = Limits::parse("1/2s burst 1", "").unwrap();
+        let key = store.bind("pending", &limits).unwrap();
+        let acquire = || tollgate::store::Op::Acquire {
+            cost: Cost::call(0),
+            max_wait: None,
+            fly: false,
+            share: None,
+        };
+        let first = testing::redis_apply_at(&store, &key, acquire(), None).await;
+        assert!(matches!(first, Ok((tollgate::store::Outcome::Admitted, _))));
+        let second = testing::redis_apply_at(&store, &key, acquire(), None).await;
+        assert!(
+            matches!(second, Ok((tollgate::store::Outcome::Queued { .. }, _))),
+            "{second:?}"
+        );
+        let (hash, _) = testing::redis_names(&store, "pending");
+        let ttl: i64 = server
+            .command(&["PTTL", &hash])
+            .split("\r\n")
+            .filter_map(|reply| reply.trim_start_matches(':').parse().ok())
+            .max()
+            .unwrap();
+        assert!((3_900..=4_001).contains(&ttl), "PTTL {ttl}");
     });
 }
 

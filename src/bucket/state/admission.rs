@@ -108,7 +108,7 @@ impl KeyState {
         }
         let paused_until = self.paused_until;
         let queued = self.queue.as_ref().map_or(0, |q| q.tickets.len());
-        let (tenant, weight) = share.map_or(("", 1), |s| (s.tenant(), s.weight()));
+        let (tenant, weight) = share.map_or((0, 1), |s| (s.id(), s.weight()));
         let step = fair_step(limits, cost, weight);
         let (tag, at) = self
             .queue
@@ -144,8 +144,9 @@ impl KeyState {
             due,
             promise,
             tag,
+            tenant,
         };
-        queue.insert(queued, tenant, place);
+        queue.insert(queued, place);
         Ok(Outcome::Queued {
             ticket: Ticket::new(id).due_at(due.0),
             due_in: Duration::from_nanos(saturate(due_in)),
@@ -163,7 +164,7 @@ impl KeyState {
         now: Nanos,
         cost: Cost,
         max_wait: Option<Duration>,
-        (tenant, tag, at): (&str, u64, usize),
+        (tenant, tag, at): (u64, u64, usize),
         lease: Duration,
         id: impl FnOnce() -> u64,
     ) -> Result<Outcome, BucketError> {
@@ -196,8 +197,9 @@ impl KeyState {
             due,
             promise: false,
             tag,
+            tenant,
         };
-        queue.insert(at, tenant, place);
+        queue.insert(at, place);
         Ok(Outcome::Queued {
             ticket: Ticket::new(id).due_at(due.0),
             due_in: Duration::from_nanos(saturate(due_in)),
@@ -252,7 +254,6 @@ impl KeyState {
         // long the line; lapsed ones among them are dropped now (they would only block this
         // one). With more ahead, this ticket can't pass yet, and their cost is a lower bound.
         let from = index.saturating_sub(SCAN_AHEAD);
-        let mut lapsed = Cost::default();
         let mut kept = from;
         for i in from..index {
             let t = queue.tickets[i];
@@ -260,13 +261,12 @@ impl KeyState {
                 queue.tickets[kept] = t;
                 kept += 1;
             } else {
-                lapsed = add(lapsed, t.cost);
+                queue.left(&t);
             }
         }
         if kept != index {
             queue.tickets.drain(kept..index);
             index = kept;
-            queue.pending = sub(queue.pending, lapsed);
             queue.shadow = None;
         }
         let unseen = from > 0;

@@ -309,3 +309,57 @@ fn under_saturation_weights_one_and_two_share_the_key_one_to_two() {
     // Time shares too: each call takes 0.2 s of refill, and the 60 pass in 12 s.
     assert_eq!(passed[59].1, 12_000);
 }
+
+#[test]
+fn a_tenant_whose_calls_were_given_up_starts_again_from_the_head() {
+    // One request a second. `b` has a call waiting; `a` queues 50 calls and gives them all up
+    // (its clients timed out); then `a` sends one call and `b` 20 more. Nothing of `a` waits,
+    // so its call goes behind the call first in line and the one its tag ties with, not
+    // behind 50 calls' worth of tags it no longer holds.
+    for given_up in [0, 50] {
+        let mut key = Key::new("1/s burst 1", "");
+        let (a, b) = (Share::new("a", 1), Share::new("b", 1));
+        assert_eq!(
+            key.acquire(0, Cost::call(0), Some(b.clone())),
+            Outcome::Admitted
+        );
+        key.acquire(0, Cost::call(0), Some(b.clone()));
+        for _ in 0..given_up {
+            let Outcome::Queued { ticket, .. } = key.acquire(0, Cost::call(0), Some(a.clone()))
+            else {
+                panic!("a's call queues");
+            };
+            assert_eq!(key.run(0, Op::Cancel { ticket }), Outcome::Done);
+        }
+        let Outcome::Queued { ticket, .. } = key.acquire(0, Cost::call(0), Some(a.clone())) else {
+            panic!("a's call queues");
+        };
+        for _ in 0..20 {
+            key.acquire(0, Cost::call(0), Some(b.clone()));
+        }
+        let behind = key.state.behind(ticket.id()).unwrap();
+        assert_eq!(behind, 20, "after {given_up} calls given up");
+        // Only the tenants with tickets waiting are remembered.
+        let tenants = key.state.queue.as_ref().unwrap().tenants.len();
+        assert_eq!(tenants, 2);
+    }
+}
+
+#[test]
+fn a_key_remembers_only_the_tenants_that_wait() {
+    // One ticket waits throughout; 10,000 tenants each queue a call and give it up, or let it
+    // lapse: the key remembers one tenant, whatever came and went.
+    let mut key = Key::new("1/h burst 1", "");
+    assert_eq!(key.acquire(0, Cost::call(0), None), Outcome::Admitted);
+    let Outcome::Queued { .. } = key.acquire(0, Cost::call(0), None) else {
+        panic!("the second call queues");
+    };
+    for n in 0..10_000 {
+        let share = Share::new(format!("tenant-{n}"), 1);
+        if let Outcome::Queued { ticket, .. } = key.acquire(0, Cost::call(0), Some(share)) {
+            key.run(0, Op::Cancel { ticket });
+        }
+    }
+    let queue = key.state.queue.as_ref().unwrap();
+    assert_eq!((queue.tickets.len(), queue.tenants.len()), (1, 1));
+}

@@ -285,7 +285,7 @@ impl RedisStore {
             for arg in &args {
                 head.arg(*arg);
             }
-            if let Some(tenant) = tenant {
+            if let Some(tenant) = &tenant {
                 head.arg(tenant);
             }
         };

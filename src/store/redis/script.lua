@@ -10,7 +10,8 @@
 -- KEYS[1]  the key's hash: levels, times, the shadow schedule, the tickets' and flights' data
 -- KEYS[2]  the key's queue: a sorted set of ticket ids (16 digits, zero-padded, so that
 --          equal scores keep the order of issue), scored by their tags: in fair order
--- KEYS[3]  the tenants' last tags while anyone waits (a hash: tenant -> tag)
+-- KEYS[3]  the tenants with tickets waiting (a hash: tenant -> "tag waiting", the tag of its
+--          last ticket and how many of its tickets wait)
 -- ARGV[1]  operation: acquire, admit, cancel, adjust, penalize, lower, sync, settle,
 --          snapshot or ping
 -- ARGV[2]  the limits' canonical text: a key holding other limits is refused
@@ -23,7 +24,8 @@
 --          scale S (units per token), refill n (units per millisecond), capacity C = burst * S
 -- then the operation's own arguments:
 --   acquire   requests, tokens, output tokens, spend, max wait in ms (-1: none), fly (0 or 1),
---             the fair step (the rule book's queue::fair_step, 1 to 2^53 - 1), the tenant
+--             the fair step (the rule book's queue::fair_step, 1 to 2^53 - 1), the tenant (its
+--             id, 16 hexadecimal digits; 0000000000000000 for the key's own calls)
 --   admit     ticket id, fly (0 or 1), its due time in ms as issued (-1: not known)
 --   cancel    ticket id, its due time in ms as issued (-1: not known)
 --   adjust    requests, tokens, output tokens, spend to add (negative: to take)
@@ -91,6 +93,9 @@ local REAL_CLOCK = ARGV[3] == ''
 -- ms: the calls of that second then need not renew it (a key past its expiry is a full one, so
 -- living longer changes no decision).
 local EXPIRY_SPARE = 1000
+-- The longest a key is kept, in ms (about 35 years): an expiry past it is cut to it, so that
+-- no sum of pending charges makes one the server can't read.
+local MAX_EXPIRE = 1099511627776
 
 -- The fast path: an acquire that passes at once, on a key where nobody waits, no pause is in
 -- force, nothing is pending and no call in flight is remembered, and that is not itself a call
@@ -143,7 +148,9 @@ local function fast_acquire()
   if ARGV[a + NC + 2] ~= '0' then return nil end
   -- The fair step and the tenant (unused: nobody waits), checked as the full path checks them.
   v = tonumber(ARGV[a + NC + 3])
-  if not (v and v >= 1 and v <= MAX and v % 1 == 0) or ARGV[a + NC + 4] == nil then return nil end
+  if not (v and v >= 1 and v <= MAX and v % 1 == 0) then return nil end
+  v = ARGV[a + NC + 4]
+  if not (v and #v == 16 and not string.find(v, '%X')) then return nil end
   local got = redis.call('HMGET', KEYS[1], 'sig', 't', 'p', 'st', 'fn', 'pq1', 'pq2', 'pq3',
     'pq4', 'l1', 'l2', 'l3', 'l4', 'x')
   -- A conflict, a shadow (someone waits), or a ledger of calls in flight: the full path's.
@@ -270,16 +277,22 @@ local function fast_admit()
   if not (v and v <= MAX) then return nil end
   idtext = string.format('%016.0f', v)
   -- When the holder was told it is due: checked as the full path checks it, unused (a ticket
-  -- this path answers is in the queue, and not promised: its record has six fields).
+  -- this path answers is in the queue, and not promised: its record has no seventh field).
   v = tonumber(ARGV[a + 3])
   if not (v and v >= -1 and v <= MAX and v % 1 == 0) then return nil end
   local got = redis.call('HMGET', KEYS[1], 'sig', 't', 'p', 'fn', 'pq1', 'pq2', 'pq3', 'pq4',
     'l1', 'l2', 'l3', 'l4', 'q' .. idtext, 'ql')
   if got[1] and got[1] ~= ARGV[2] or got[4] or not got[13] then return nil end
-  -- The ticket: "due lease requests tokens output_tokens spend", as encode_ticket() writes it.
-  local due, until_ms, c1, c2, c3, c4 = string.match(got[13],
-    '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+  -- The ticket: "due lease requests tokens output_tokens spend", and its tenant (" ~" and 16
+  -- hexadecimal digits), as encode_ticket() writes it.
+  local due, until_ms, c1, c2, c3, c4, rest = string.match(got[13],
+    '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+)(.*)$')
   if not c4 then return nil end
+  local tenant = nil
+  if rest ~= '' then
+    tenant = string.match(rest, '^ ~(%x+)$')
+    if not tenant then return nil end
+  end
   until_ms = tonumber(until_ms)
   local cost = {tonumber(c1), tonumber(c2), tonumber(c3), tonumber(c4)}
   local pq = {}
@@ -324,6 +337,7 @@ local function fast_admit()
   if head[1] ~= idtext then return nil end
   local elapsed = now - last
   local lv, rates, caps, wait = {}, {}, {}, 0
+  local curs, scales = {}, {}
   for i = 1, k do
     local b = 1 + i * 4
     local cur, scale, rate, cap = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]),
@@ -358,6 +372,7 @@ local function fast_admit()
       if q > wait then wait = q end
     end
     lv[i], rates[i], caps[i] = level, rate, cap
+    curs[i], scales[i] = cur, scale
     lv[k + i] = needed
   end
   local reply
@@ -367,6 +382,17 @@ local function fast_admit()
     for i = 1, k do lv[i] = lv[i] - lv[k + i] end
     redis.call('ZREM', KEYS[2], idtext)
     redis.call('HDEL', KEYS[1], 'q' .. idtext)
+    -- Its tenant has one ticket fewer waiting (as tenant_left() below).
+    if tenant then
+      local entry = redis.call('HGET', KEYS[3], tenant)
+      local tag, waiting = string.match(entry or '', '^(%d+) ?(%d*)$')
+      waiting = tonumber(waiting) or 0
+      if waiting <= 1 then
+        redis.call('HDEL', KEYS[3], tenant)
+      else
+        redis.call('HSET', KEYS[3], tenant, tag .. ' ' .. string.format('%.0f', waiting - 1))
+      end
+    end
     for c = 1, NC do
       pq[c] = pq[c] - cost[c]
       if pq[c] < 0 then pq[c] = 0 end
@@ -377,7 +403,7 @@ local function fast_admit()
     local ready = now + wait
     if ready + lease > until_ms then
       redis.call('HSET', KEYS[1], 'q' .. idtext, string.format('%s %.0f %s %s %s %s', due,
-        ready + lease, c1, c2, c3, c4))
+        ready + lease, c1, c2, c3, c4) .. rest)
       local ql = tonumber(got[14] or 0)
       if ready + lease > ql then
         got[14] = ready + lease
@@ -393,7 +419,8 @@ local function fast_admit()
   for i = 1, k do
     out[#out + 1] = 'l' .. i
     out[#out + 1] = lv[i]
-    local room = caps[i] - lv[i]
+    -- Until full again once every ticket still waiting has paid (as store() below).
+    local room = caps[i] - lv[i] + pq[curs[i]] * scales[i]
     if room > 0 then
       local q = math.floor(room / rates[i])
       if q * rates[i] < room then q = q + 1 end
@@ -409,6 +436,7 @@ local function fast_admit()
     local ql = tonumber(got[14] or 0)
     if ql - now > expire_ms then expire_ms = ql - now end
   end
+  if expire_ms > MAX_EXPIRE then expire_ms = MAX_EXPIRE end
   if REAL_CLOCK then
     redis.call('PEXPIRE', KEYS[1], expire_ms + 1)
     redis.call('HSET', KEYS[1], 'x', now + expire_ms + 1)
@@ -656,12 +684,15 @@ local function decode_ticket(id, data)
   if not data then return nil end
   -- A record as encode_ticket() writes it, in one match (a queue's records are read by the
   -- dozen: a ticket asking reads up to SCAN_AHEAD, a new plan all of them).
-  -- A seventh field, 1, marks a ticket issued promised (the rule book's Place::promise).
-  local due, until_ms, c1, c2, c3, c4, mark = string.match(data,
-    '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(%d*)$')
+  -- A seventh field, 1, marks a ticket issued promised (the rule book's Place::promise); a
+  -- last one, ~ and 16 hexadecimal digits, names its tenant (Place::tenant; records written
+  -- before fair share have none).
+  local due, until_ms, c1, c2, c3, c4, mark, tenant = string.match(data,
+    '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(%d*) ?~?(%x*)$')
   if c4 then
     return {id = id, due = tonumber(due), lease = tonumber(until_ms),
-      cost = {tonumber(c1), tonumber(c2), tonumber(c3), tonumber(c4)}, promise = mark == '1'}
+      cost = {tonumber(c1), tonumber(c2), tonumber(c3), tonumber(c4)}, promise = mark == '1',
+      tenant = tenant}
   end
   local f = {}
   for part in string.gmatch(data, '%S+') do
@@ -671,9 +702,32 @@ local function decode_ticket(id, data)
     promise = f[7] == 1}
 end
 
-local function encode_ticket(due, until_ms, cost, promise)
-  return string.format(promise and '%.0f %.0f %.0f %.0f %.0f %.0f 1' or
+local function encode_ticket(due, until_ms, cost, promise, tenant)
+  local text = string.format(promise and '%.0f %.0f %.0f %.0f %.0f %.0f 1' or
     '%.0f %.0f %.0f %.0f %.0f %.0f', due, until_ms, cost[1], cost[2], cost[3], cost[4])
+  if tenant and tenant ~= '' then text = text .. ' ~' .. tenant end
+  return text
+end
+
+-- A tenant's entry in KEYS[3] (Queue::tenants): "tag waiting", the tag of its last ticket and
+-- how many of its tickets wait (an entry written before the count was kept reads as 0 waiting).
+local function tenant_entry(tenant)
+  local v = redis.call('HGET', tenants, tenant)
+  if not v then return 0, 0 end
+  local tag, waiting = string.match(v, '^(%d+) ?(%d*)$')
+  return tonumber(tag) or 0, tonumber(waiting) or 0
+end
+
+-- A ticket of `tenant` left the queue (Queue::left): a tenant with none left waiting is
+-- forgotten, so that its next call starts from the head.
+local function tenant_left(tenant)
+  if tenant == nil or tenant == '' then return end
+  local tag, waiting = tenant_entry(tenant)
+  if waiting <= 1 then
+    redis.call('HDEL', tenants, tenant)
+  else
+    redis.call('HSET', tenants, tenant, fmt(tag) .. ' ' .. fmt(waiting - 1))
+  end
 end
 
 -- Whether ticket `t` (decoded) is promised, as Queue::promised.
@@ -701,6 +755,7 @@ end
 local function forget_ticket(t)
   redis.call('ZREM', queue, t.id)
   redis.call('HDEL', hash, 'q' .. t.id)
+  tenant_left(t.tenant)
   for c = 1, NC do
     pq[c] = pq[c] - t.cost[c]
     if pq[c] < 0 then pq[c] = 0 end
@@ -1053,12 +1108,15 @@ local function store()
     table.insert(out, 'pq' .. c)
     table.insert(out, fmt(pq[c]))
   end
-  -- The buckets refill during a pause, but the pause itself must outlive it.
+  -- The buckets refill during a pause, but the pause itself must outlive it. And a key lives
+  -- until its windows would be full again once every ticket still waiting has paid: a promised
+  -- ticket's holder passes by reading its record, and its charge waits for the key's next
+  -- operation, which must find the key still there.
   local expire_ms = paused_until - now
   for i = 1, k do
     table.insert(out, 'l' .. i)
     table.insert(out, fmt(levels[i]))
-    local room = w[i].cap - levels[i]
+    local room = w[i].cap - levels[i] + pq[w[i].cur] * w[i].scale
     if room > 0 then
       local fill = ceil_div(room, w[i].rate)
       if fill > expire_ms then expire_ms = fill end
@@ -1073,6 +1131,7 @@ local function store()
     local fa = tonumber(redis.call('HGET', hash, 'fa') or now)
     if fa + FLIGHT_LEASE - now > expire_ms then expire_ms = fa + FLIGHT_LEASE - now end
   end
+  if expire_ms > MAX_EXPIRE then expire_ms = MAX_EXPIRE end
   if REAL_CLOCK then
     -- When the key expires, as the fast path reads it (it renews the expiry only when it must).
     table.insert(out, 'x')
@@ -1125,6 +1184,7 @@ if op == 'acquire' then
   local flying = int(ARGV[args + NC + 2], 0, 1)
   local step = int(ARGV[args + NC + 3], 1, MAX)
   local tenant = ARGV[args + NC + 4]
+  if tenant and not string.find(tenant, '^' .. string.rep('%x', 16) .. '$') then tenant = nil end
   if cost == nil or max_wait == nil or flying == nil or step == nil or tenant == nil then
     return fail('bad cost or max wait')
   end
@@ -1149,7 +1209,7 @@ if op == 'acquire' then
   if queued == 0 then redis.call('DEL', tenants) end
   local head_tag = 0
   if queued > 0 then head_tag = tonumber(redis.call('ZRANGE', queue, 0, 0, 'WITHSCORES')[2]) end
-  local tag = tonumber(redis.call('HGET', tenants, tenant) or 0)
+  local tag, waiting = tenant_entry(tenant)
   if head_tag > tag then tag = head_tag end
   tag = tag + step
   if tag > MAX then tag = MAX end
@@ -1192,8 +1252,8 @@ if op == 'acquire' then
     local idtext = issue()
     break_promises()
     redis.call('ZADD', queue, tag, idtext)
-    redis.call('HSET', hash, 'q' .. idtext, encode_ticket(due, due + lease, cost, false))
-    redis.call('HSET', tenants, tenant, fmt(tag))
+    redis.call('HSET', hash, 'q' .. idtext, encode_ticket(due, due + lease, cost, false, tenant))
+    redis.call('HSET', tenants, tenant, fmt(tag) .. ' ' .. fmt(waiting + 1))
     note_lease(due + lease)
     for c = 1, NC do pq[c] = pq[c] + cost[c] end
     drop_shadow()
@@ -1233,8 +1293,8 @@ if op == 'acquire' then
     if behind and not promised(behind) then promise = false end
   end
   redis.call('ZADD', queue, tag, idtext)
-  redis.call('HSET', hash, 'q' .. idtext, encode_ticket(due, due + lease, cost, promise))
-  redis.call('HSET', tenants, tenant, fmt(tag))
+  redis.call('HSET', hash, 'q' .. idtext, encode_ticket(due, due + lease, cost, promise, tenant))
+  redis.call('HSET', tenants, tenant, fmt(tag) .. ' ' .. fmt(waiting + 1))
   note_lease(due + lease)
   for c = 1, NC do pq[c] = pq[c] + cost[c] end
   store()
@@ -1319,7 +1379,8 @@ elseif op == 'admit' then
     ready = now + wait
   end
   if ready + lease > t.lease then
-    redis.call('HSET', hash, 'q' .. t.id, encode_ticket(t.due, ready + lease, t.cost, t.promise))
+    redis.call('HSET', hash, 'q' .. t.id,
+      encode_ticket(t.due, ready + lease, t.cost, t.promise, t.tenant))
     note_lease(ready + lease)
   end
   store()

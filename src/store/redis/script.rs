@@ -205,10 +205,13 @@ pub(super) fn op_args(op: &Op, limits: &crate::rate::Limits) -> (&'static str, V
     }
 }
 
-/// An acquire's tenant, the script's last argument for it (`""`: the key's own calls).
-pub(super) fn tenant_arg(op: &Op) -> Option<&str> {
+/// An acquire's tenant, the script's last argument for it: its id ([`Share`]'s digest) in 16
+/// hexadecimal digits (`0000000000000000`: the key's own calls, without a share).
+///
+/// [`Share`]: crate::store::Share
+pub(super) fn tenant_arg(op: &Op) -> Option<String> {
     match op {
-        Op::Acquire { share, .. } => Some(share.as_ref().map_or("", |s| s.tenant())),
+        Op::Acquire { share, .. } => Some(format!("{:016x}", share.as_ref().map_or(0, |s| s.id()))),
         _ => None,
     }
 }
