@@ -35,14 +35,9 @@ use tokio::time::Instant;
 /// and its ticket's id (ids grow in the order tickets are issued).
 pub(super) type Spot = (u64, u64);
 
-/// The lane of calls of `share`'s tenant.
+/// The lane of calls of `share`'s tenant: its id at the key (0 for calls without a share).
 pub(super) fn lane(share: Option<&crate::store::Share>) -> u64 {
-    use std::hash::{Hash, Hasher};
-    share.map_or(0, |s| {
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        s.tenant().hash(&mut hasher);
-        hasher.finish() | 1
-    })
+    share.map_or(0, crate::store::Share::id)
 }
 
 /// The tickets of this limiter's waiters, by lane and id.
