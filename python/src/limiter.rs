@@ -9,6 +9,7 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use serde_json::Value;
+use tollgate::store::Share;
 use tollgate::store::redis::RedisStore;
 use tollgate::{
     Attempt, Cost, Currency, Estimator, Limiter, Limits, ManualClock, MemoryStore, Permit,
@@ -176,17 +177,41 @@ impl PyLimiter {
     }
 }
 
-/// Waits for `cost` on `limiter` within `timeout`.
+/// Waits for `cost` on `limiter` within `timeout`, as `share`'s tenant if given.
 async fn acquire(
     limiter: &Limiter,
     cost: Cost,
     timeout: Timeout,
+    share: Option<&Share>,
 ) -> Result<Permit, tollgate::Error> {
-    match timeout {
-        Timeout::Default => limiter.acquire(cost).await,
-        Timeout::Never => limiter.acquire_timeout(cost, None).await,
-        Timeout::After(d) => limiter.acquire_timeout(cost, Some(d)).await,
-    }
+    let Some(share) = share else {
+        return match timeout {
+            Timeout::Default => limiter.acquire(cost).await,
+            Timeout::Never => limiter.acquire_timeout(cost, None).await,
+            Timeout::After(d) => limiter.acquire_timeout(cost, Some(d)).await,
+        };
+    };
+    let now = tokio::time::Instant::now();
+    let deadline = match timeout {
+        Timeout::Default => limiter.policy().timeout().and_then(|t| now.checked_add(t)),
+        Timeout::Never => None,
+        Timeout::After(d) => now.checked_add(d),
+    };
+    limiter.acquire_as_until(share, cost, deadline).await
+}
+
+/// The share of `tenant` of `weight`, when a tenant is named.
+fn share_of(tenant: Option<String>, weight: i64) -> PyResult<Option<Share>> {
+    let weight = u32::try_from(weight)
+        .ok()
+        .filter(|w| *w >= 1)
+        .ok_or_else(|| {
+            value_error(format!(
+                "weight: {weight}; a tenant's weight is 1 to {}",
+                u32::MAX
+            ))
+        })?;
+    Ok(tenant.map(|tenant| Share::new(tenant, weight)))
 }
 
 /// A permit on its way to Python: one that nobody receives (its task was cancelled as it was
@@ -345,40 +370,50 @@ impl PyLimiter {
         }
     }
 
-    /// Waits (on this thread, without the GIL) until every window can pay, then charges it.
-    #[pyo3(signature = (tokens=None, output_tokens=None, timeout=None))]
+    /// Waits (on this thread, without the GIL) until every window can pay, then charges it;
+    /// with `tenant`, as that tenant of a key tenants share (fair order by `weight`).
+    #[pyo3(signature = (tokens=None, output_tokens=None, timeout=None, *, tenant=None, weight=1))]
+    #[allow(clippy::too_many_arguments)]
     fn acquire_blocking(
         &self,
         py: Python<'_>,
         tokens: Option<&Bound<'_, PyAny>>,
         output_tokens: Option<&Bound<'_, PyAny>>,
         timeout: Option<&Bound<'_, PyAny>>,
+        tenant: Option<String>,
+        weight: i64,
     ) -> PyResult<PyPermit> {
         let cost = self.explicit_cost(tokens, output_tokens)?;
         let timeout = self.timeout_or_own(timeout)?;
+        let share = share_of(tenant, weight)?;
         let permit = runtime::block(py, async {
-            acquire(self.limiter().await?, cost, timeout).await
+            acquire(self.limiter().await?, cost, timeout, share.as_ref()).await
         })?
         .map_err(to_py)?;
         Ok(PyPermit::new(permit, self.output_apart()))
     }
 
     /// `await limiter.acquire(...)` or `async with limiter.acquire(...) as permit:` waits on
-    /// the running loop until every window can pay, then charges it.
-    #[pyo3(signature = (tokens=None, output_tokens=None, timeout=None))]
+    /// the running loop until every window can pay, then charges it; with `tenant`, as that
+    /// tenant of a key tenants share (fair order by `weight`).
+    #[pyo3(signature = (tokens=None, output_tokens=None, timeout=None, *, tenant=None, weight=1))]
     fn acquire(
         slf: Bound<'_, Self>,
         tokens: Option<&Bound<'_, PyAny>>,
         output_tokens: Option<&Bound<'_, PyAny>>,
         timeout: Option<&Bound<'_, PyAny>>,
+        tenant: Option<String>,
+        weight: i64,
     ) -> PyResult<Acquire> {
         let this = slf.get();
         let cost = this.explicit_cost(tokens, output_tokens)?;
         let timeout = this.timeout_or_own(timeout)?;
+        let share = share_of(tenant, weight)?;
         Ok(Acquire {
             limiter: slf.unbind(),
             cost,
             timeout,
+            share,
         })
     }
 
@@ -407,7 +442,7 @@ impl PyLimiter {
         };
         let permit = runtime::block(py, async {
             let cost = self.cost_of_arguments(&value)?;
-            acquire(self.limiter().await?, cost, timeout).await
+            acquire(self.limiter().await?, cost, timeout, None).await
         })?
         .map_err(to_py)?;
         Ok(PyPermit::new(permit, self.output_apart()))
@@ -442,7 +477,7 @@ impl PyLimiter {
                 this.cost_of_arguments(&value)
             }?;
             let limiter = this.limiter().await?;
-            let permit = acquire(limiter, cost, timeout).await?;
+            let permit = acquire(limiter, cost, timeout, None).await?;
             Ok(Admitted {
                 permit,
                 output_apart: this.output_apart(),
@@ -490,15 +525,16 @@ pub(crate) struct Acquire {
     limiter: Py<PyLimiter>,
     cost: Cost,
     timeout: Timeout,
+    share: Option<Share>,
 }
 
 impl Acquire {
     fn start<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let limiter = self.limiter.clone_ref(py);
-        let (cost, timeout) = (self.cost, self.timeout);
+        let (cost, timeout, share) = (self.cost, self.timeout, self.share.clone());
         runtime::awaitable_now(py, async move {
             let this = limiter.get();
-            let permit = acquire(this.limiter().await?, cost, timeout).await?;
+            let permit = acquire(this.limiter().await?, cost, timeout, share.as_ref()).await?;
             Ok(Admitted {
                 permit,
                 output_apart: this.output_apart(),

@@ -283,3 +283,35 @@ def test_asettle_settles_on_the_loop():
         return await permit.asettle(input_tokens=100)
 
     assert asyncio.run(main()) == {"tokens": 300, "output_tokens": 0}
+
+
+@pytest.mark.parametrize("shared, quiet_place", [(True, 2), (False, 10)])
+def test_tenants_sharing_a_key_pass_in_fair_order_not_arrival_order(shared, quiet_place):
+    # 5 requests a second, burst 1: the burst is taken, ten calls of `noisy` queue (one every
+    # 200 ms), and a call of `quiet` comes once they all wait. As tenants, the quiet call goes
+    # behind the noisy call first in line and the one its place ties with: third. Without
+    # tenants, arrival order puts it last.
+    limiter = Limiter("fair-order-%s" % shared, requests="5/s burst 1")
+    assert limiter.try_acquire()
+    order = []
+
+    async def call(name):
+        kwargs = {"tenant": name} if shared else {}
+        async with limiter.acquire(**kwargs):
+            order.append(name)
+
+    async def main():
+        noisy = [asyncio.ensure_future(call("noisy")) for _ in range(10)]
+        while limiter.waiting < 10:
+            await asyncio.sleep(0.001)
+        quiet = asyncio.ensure_future(call("quiet"))
+        await asyncio.gather(*noisy, quiet)
+
+    asyncio.run(main())
+    assert order.index("quiet") == quiet_place, order
+
+
+def test_a_tenants_weight_must_be_at_least_one():
+    limiter = fresh("weights", requests="10/s")
+    with pytest.raises(ValueError, match="weight: 0"):
+        limiter.acquire(tenant="a", weight=0)

@@ -103,6 +103,9 @@ class Limiter:
         tokens: Optional[int] = None,
         output_tokens: Optional[int] = None,
         timeout: Seconds = None,
+        *,
+        tenant: Optional[str] = None,
+        weight: int = 1,
     ) -> Permit:
         """Waits on this thread, without the GIL, until every window can pay."""
     def acquire(
@@ -110,6 +113,9 @@ class Limiter:
         tokens: Optional[int] = None,
         output_tokens: Optional[int] = None,
         timeout: Seconds = None,
+        *,
+        tenant: Optional[str] = None,
+        weight: int = 1,
     ) -> Acquire:
         """``await limiter.acquire()`` or ``async with limiter.acquire() as permit``."""
     def cost_of(self, arguments: Any) -> Tuple[int, int]:

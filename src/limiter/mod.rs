@@ -485,6 +485,18 @@ impl<S: Store> Limiter<S> {
             .await
     }
 
+    /// Like [`acquire_as`](Limiter::acquire_as), until `deadline` (`None`: no deadline), as
+    /// [`acquire_until`](Limiter::acquire_until) is to [`acquire`](Limiter::acquire).
+    pub async fn acquire_as_until(
+        &self,
+        share: &Share,
+        cost: Cost,
+        deadline: Option<Instant>,
+    ) -> Result<Permit<S>, Error> {
+        self.instrumented(cost, Instant::now(), deadline, false, Some(share))
+            .await
+    }
+
     /// Waits for `cost` inside the acquire span; `fly`: remember the call as in flight.
     async fn instrumented(
         &self,
