@@ -243,41 +243,66 @@ fn keys_expire_when_their_buckets_are_full_again() {
     });
 }
 
+/// The hash's time to live, in ms (on a cluster, the key's own master's).
+fn pttl(server: &RedisServer, hash: &str) -> i64 {
+    server
+        .command(&["PTTL", hash])
+        .split("\r\n")
+        .filter_map(|reply| reply.trim_start_matches(':').parse().ok())
+        .max()
+        .unwrap()
+}
+
 #[test]
 fn a_key_lives_until_the_charges_of_the_tickets_waiting_have_refilled() {
     // A promised ticket's holder passes by reading its record, and its charge waits for the
-    // key's next operation: the key must still be there then. At 1 request per 2 s, burst 1:
-    // one call takes the burst, the next is promised for 2 s from now. The key holds what
-    // both take until 4 s from now, so it lives that long (not the 3 s of the ticket's due
-    // time and lease, after which a third call would find a fresh burst).
+    // key's next operation: the key must still be there then, with its levels. While tickets
+    // wait it lives a burst's refill past the last ticket's lease: once the last has paid, every
+    // window is at 0 or more, and full again a burst's refill later at most.
     let Some(server) = RedisServer::start() else {
         return;
     };
     runtime().block_on(async {
         let store = connect(&server).await;
-        let limits = Limits::parse("1/2s burst 1", "").unwrap();
-        let key = store.bind("pending", &limits).unwrap();
         let acquire = || tollgate::store::Op::Acquire {
             cost: Cost::call(0),
             max_wait: None,
             fly: false,
             share: None,
         };
-        let first = testing::redis_apply_at(&store, &key, acquire(), None).await;
-        assert!(matches!(first, Ok((tollgate::store::Outcome::Admitted, _))));
-        let second = testing::redis_apply_at(&store, &key, acquire(), None).await;
-        assert!(
-            matches!(second, Ok((tollgate::store::Outcome::Queued { .. }, _))),
-            "{second:?}"
-        );
-        let (hash, _) = testing::redis_names(&store, "pending");
-        let ttl: i64 = server
-            .command(&["PTTL", &hash])
-            .split("\r\n")
-            .filter_map(|reply| reply.trim_start_matches(':').parse().ok())
-            .max()
+        let queued = |outcome: &Result<(tollgate::store::Outcome, u64), Error>| {
+            matches!(outcome, Ok((tollgate::store::Outcome::Queued { .. }, _)))
+        };
+        // 1 request per 2 s, burst 1: one call takes the burst, the next is promised for 2 s
+        // from now (its lease ends at 3 s), and the key lives 2 s more: 5 s.
+        let limits = Limits::parse("1/2s burst 1", "").unwrap();
+        let key = store.bind("pending", &limits).unwrap();
+        testing::redis_apply_at(&store, &key, acquire(), None)
+            .await
             .unwrap();
-        assert!((3_900..=4_001).contains(&ttl), "PTTL {ttl}");
+        let second = testing::redis_apply_at(&store, &key, acquire(), None).await;
+        assert!(queued(&second), "{second:?}");
+        let ttl = pttl(&server, &testing::redis_names(&store, "pending").0);
+        assert!((4_900..=5_001).contains(&ttl), "PTTL {ttl}");
+        // A pause of 3 s on `10/2s`: ten calls are promised for when it ends (a window full
+        // before a ticket is due stops refilling, so the time to refill from now would come
+        // short). Their leases end at 4 s; the key lives to 6 s.
+        let limits = Limits::parse("10/2s", "").unwrap();
+        let key = store.bind("paused", &limits).unwrap();
+        let pause = tollgate::store::Op::Penalize {
+            pause: Duration::from_secs(3),
+            spent: tollgate::Currencies::ALL,
+            refusal: None,
+        };
+        testing::redis_apply_at(&store, &key, pause, None)
+            .await
+            .unwrap();
+        for _ in 0..10 {
+            let waiting = testing::redis_apply_at(&store, &key, acquire(), None).await;
+            assert!(queued(&waiting), "{waiting:?}");
+        }
+        let ttl = pttl(&server, &testing::redis_names(&store, "paused").0);
+        assert!((5_900..=6_001).contains(&ttl), "PTTL {ttl}");
     });
 }
 

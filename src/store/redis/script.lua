@@ -419,8 +419,7 @@ local function fast_admit()
   for i = 1, k do
     out[#out + 1] = 'l' .. i
     out[#out + 1] = lv[i]
-    -- Until full again once every ticket still waiting has paid (as store() below).
-    local room = caps[i] - lv[i] + pq[curs[i]] * scales[i]
+    local room = caps[i] - lv[i]
     if room > 0 then
       local q = math.floor(room / rates[i])
       if q * rates[i] < room then q = q + 1 end
@@ -433,8 +432,15 @@ local function fast_admit()
   if queued == 0 then
     redis.call('HDEL', KEYS[1], 'st')
   else
+    -- Until a burst's refill past the last lease of a ticket waiting (as store() below).
     local ql = tonumber(got[14] or 0)
-    if ql - now > expire_ms then expire_ms = ql - now end
+    local burst = 0
+    for i = 1, k do
+      local q = math.floor(caps[i] / rates[i])
+      if q * rates[i] < caps[i] then q = q + 1 end
+      if q > burst then burst = q end
+    end
+    if ql - now + burst > expire_ms then expire_ms = ql - now + burst end
   end
   if expire_ms > MAX_EXPIRE then expire_ms = MAX_EXPIRE end
   if REAL_CLOCK then
@@ -1108,15 +1114,12 @@ local function store()
     table.insert(out, 'pq' .. c)
     table.insert(out, fmt(pq[c]))
   end
-  -- The buckets refill during a pause, but the pause itself must outlive it. And a key lives
-  -- until its windows would be full again once every ticket still waiting has paid: a promised
-  -- ticket's holder passes by reading its record, and its charge waits for the key's next
-  -- operation, which must find the key still there.
+  -- The buckets refill during a pause, but the pause itself must outlive it.
   local expire_ms = paused_until - now
   for i = 1, k do
     table.insert(out, 'l' .. i)
     table.insert(out, fmt(levels[i]))
-    local room = w[i].cap - levels[i] + pq[w[i].cur] * w[i].scale
+    local room = w[i].cap - levels[i]
     if room > 0 then
       local fill = ceil_div(room, w[i].rate)
       if fill > expire_ms then expire_ms = fill end
@@ -1124,8 +1127,19 @@ local function store()
   end
   local queued = redis.call('ZCARD', queue)
   local ql = tonumber(redis.call('HGET', hash, 'ql') or 0)
-  if queued > 0 and ql - now > expire_ms then
-    expire_ms = ql - now
+  -- While tickets wait, the key lives a burst's refill past the last lease of any of them. A
+  -- promised ticket's holder passes by reading its record, and its charge waits for the key's
+  -- next operation, which must find the key still there with every window's level. A promise
+  -- is kept only if every window can pay at its due time, so once the last one has paid each
+  -- level is at least 0, and full again a burst's refill later at most (a window full before
+  -- a ticket is due stops refilling, so counting from now would come short).
+  if queued > 0 then
+    local burst = 0
+    for i = 1, k do
+      local fill = ceil_div(w[i].cap, w[i].rate)
+      if fill > burst then burst = fill end
+    end
+    if ql - now + burst > expire_ms then expire_ms = ql - now + burst end
   end
   if ffirst < fnext and not flights_gone then
     local fa = tonumber(redis.call('HGET', hash, 'fa') or now)
