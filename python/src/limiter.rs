@@ -191,13 +191,14 @@ async fn acquire(
             Timeout::After(d) => limiter.acquire_timeout(cost, Some(d)).await,
         };
     };
-    let now = tokio::time::Instant::now();
-    let deadline = match timeout {
-        Timeout::Default => limiter.policy().timeout().and_then(|t| now.checked_add(t)),
-        Timeout::Never => None,
-        Timeout::After(d) => now.checked_add(d),
-    };
-    limiter.acquire_as_until(share, cost, deadline).await
+    match timeout {
+        Timeout::Default => limiter.acquire_as(share, cost).await,
+        Timeout::Never => limiter.acquire_as_until(share, cost, None).await,
+        Timeout::After(d) => {
+            let deadline = tokio::time::Instant::now().checked_add(d);
+            limiter.acquire_as_until(share, cost, deadline).await
+        }
+    }
 }
 
 /// The share of `tenant` of `weight`, when a tenant is named.

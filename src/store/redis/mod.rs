@@ -286,7 +286,7 @@ impl RedisStore {
                 head.arg(*arg);
             }
             if let Some(tenant) = &tenant {
-                head.arg(tenant);
+                head.arg(tenant.as_ref());
             }
         };
         let mut by_hash = redis::cmd("EVALSHA");

@@ -209,9 +209,12 @@ pub(super) fn op_args(op: &Op, limits: &crate::rate::Limits) -> (&'static str, V
 /// hexadecimal digits (`0000000000000000`: the key's own calls, without a share).
 ///
 /// [`Share`]: crate::store::Share
-pub(super) fn tenant_arg(op: &Op) -> Option<String> {
+pub(super) fn tenant_arg(op: &Op) -> Option<std::borrow::Cow<'static, str>> {
     match op {
-        Op::Acquire { share, .. } => Some(format!("{:016x}", share.as_ref().map_or(0, |s| s.id()))),
+        Op::Acquire { share: None, .. } => Some("0000000000000000".into()),
+        Op::Acquire {
+            share: Some(share), ..
+        } => Some(format!("{:016x}", share.id()).into()),
         _ => None,
     }
 }
