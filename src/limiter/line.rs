@@ -79,21 +79,18 @@ impl Line {
     /// first waiter of each lane asks again now, and the line is planned again (see the module
     /// docs).
     pub(super) fn replan(&self) {
-        let bells: Vec<Arc<Notify>> = {
-            let mut state = self.lock();
-            state.replanning = !state.tickets.is_empty();
-            let mut lane = None;
-            let mut bells = Vec::new();
-            for (&(l, _), place) in &state.tickets {
-                if lane != Some(l) {
-                    lane = Some(l);
-                    bells.extend(place.bell.clone());
+        let mut state = self.lock();
+        state.replanning = !state.tickets.is_empty();
+        // Rung under the lock: a notification only marks the waiter's task to run, and this
+        // way a refund (which replans) allocates nothing.
+        let mut lane = None;
+        for (&(l, _), place) in &state.tickets {
+            if lane != Some(l) {
+                lane = Some(l);
+                if let Some(bell) = &place.bell {
+                    bell.notify_one();
                 }
             }
-            bells
-        };
-        for bell in bells {
-            bell.notify_one();
         }
     }
 
