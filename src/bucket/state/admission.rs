@@ -764,31 +764,14 @@ mod tests {
     /// A ticket at `10/s burst 1`, due at 100 ms, issued at 0 behind a call that took the
     /// burst.
     fn promised_ticket(state: &mut KeyState, l: &Limits) -> Ticket {
-        assert_eq!(
-            run(
-                state,
-                l,
-                0,
-                Op::Acquire {
-                    cost: Cost::call(0),
-                    max_wait: None,
-                    fly: false,
-                    share: None,
-                }
-            ),
-            Outcome::Admitted
-        );
-        match run(
-            state,
-            l,
-            0,
-            Op::Acquire {
-                cost: Cost::call(0),
-                max_wait: None,
-                fly: false,
-                share: None,
-            },
-        ) {
+        let call = || Op::Acquire {
+            cost: Cost::call(0),
+            max_wait: None,
+            fly: false,
+            share: None,
+        };
+        assert_eq!(run(state, l, 0, call()), Outcome::Admitted);
+        match run(state, l, 0, call()) {
             Outcome::Queued { ticket, due_in } => {
                 assert_eq!(due_in, Duration::from_millis(100));
                 assert_eq!(ticket.due(), Some(100 * MS));
