@@ -7,8 +7,8 @@
 //! A call's wait is its attempt's admission at the organisation's key (after its tenant's own
 //! windows and budgets): the time the fair order decides. The counts are this process's own.
 
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Mutex, PoisonError};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -24,7 +24,7 @@ const REMEMBERED: usize = 8_192;
 struct Admission {
     at: Instant,
     /// The tenant's label: its name when the configuration names it, else `other`.
-    tenant: String,
+    tenant: Arc<str>,
     tokens: u64,
     wait: Duration,
 }
@@ -32,7 +32,34 @@ struct Admission {
 /// The admissions of the last minute.
 #[derive(Debug, Default)]
 pub(crate) struct Fair {
-    recent: Mutex<VecDeque<Admission>>,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    recent: VecDeque<Admission>,
+    /// Each key's (without its limits) and tenant's label and meters, made once: an admission
+    /// looks them up without allocating (the labels are the configured tenants and `other`).
+    meters: HashMap<String, HashMap<Arc<str>, Meters>>,
+}
+
+/// A tenant's meters at one key.
+#[derive(Debug, Clone)]
+struct Meters {
+    label: Arc<str>,
+    wait: metrics::Histogram,
+    tokens: metrics::Counter,
+}
+
+impl Meters {
+    fn new(key: &str, tenant: &str) -> Meters {
+        let (key, label) = (key.to_owned(), tenant.to_owned());
+        Meters {
+            wait: metrics::histogram!("tollgate_wait_seconds", "key" => key.clone(), "tenant" => label.clone()),
+            tokens: metrics::counter!("tollgate_proxy_admitted_tokens_total", "key" => key, "tenant" => label.clone()),
+            label: label.into(),
+        }
+    }
 }
 
 /// A tenant's last minute at the organisation's keys.
@@ -72,18 +99,25 @@ impl Fair {
         tokens: u64,
         wait: Duration,
     ) {
-        let key = key.split('@').next().unwrap_or(key).to_owned();
-        metrics::histogram!("tollgate_wait_seconds", "key" => key.clone(), "tenant" => tenant.to_owned())
-            .record(wait.as_secs_f64());
-        metrics::counter!("tollgate_proxy_admitted_tokens_total", "key" => key, "tenant" => tenant.to_owned())
-            .increment(tokens);
-        let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
-        if recent.len() >= REMEMBERED {
-            recent.pop_front();
+        let key = key.split('@').next().unwrap_or(key);
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if !state.meters.contains_key(key) {
+            state.meters.insert(key.to_owned(), HashMap::new());
         }
-        recent.push_back(Admission {
+        let by_tenant = state.meters.get_mut(key).expect("inserted above");
+        if !by_tenant.contains_key(tenant) {
+            by_tenant.insert(tenant.into(), Meters::new(key, tenant));
+        }
+        let meters = &by_tenant[tenant];
+        meters.wait.record(wait.as_secs_f64());
+        meters.tokens.increment(tokens);
+        let tenant = Arc::clone(&meters.label);
+        if state.recent.len() >= REMEMBERED {
+            state.recent.pop_front();
+        }
+        state.recent.push_back(Admission {
             at,
-            tenant: tenant.to_owned(),
+            tenant,
             tokens,
             wait,
         });
@@ -91,7 +125,8 @@ impl Fair {
 
     /// Each tenant's last minute before `now`.
     pub(crate) fn recent(&self, now: Instant) -> BTreeMap<String, Recent> {
-        let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let recent = &mut state.recent;
         while recent
             .front()
             .is_some_and(|a| now.saturating_duration_since(a.at) > RECENT)
@@ -100,11 +135,11 @@ impl Fair {
         }
         let mut by_tenant: BTreeMap<String, (u64, Vec<Duration>)> = BTreeMap::new();
         for a in recent.iter() {
-            let entry = by_tenant.entry(a.tenant.clone()).or_default();
+            let entry = by_tenant.entry(a.tenant.to_string()).or_default();
             entry.0 += a.tokens;
             entry.1.push(a.wait);
         }
-        drop(recent);
+        drop(state);
         let total: u64 = by_tenant.values().map(|(tokens, _)| tokens).sum();
         by_tenant
             .into_iter()
